@@ -1,0 +1,164 @@
+"""Command line: argument parsing only; each subcommand calls one function elsewhere.
+
+Exit codes: 0 success / SLO met, 1 SLO missed or regression found, 2 usage or config error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+# `soakd run` flag -> config key path. Flags override the config file.
+RUN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "--model": ("model.spec", {"metavar": "SPEC"}),
+    "--device": ("model.device", {"metavar": "auto|cpu|cuda[:N]"}),
+    "--warmup": ("model.warmup", {"metavar": "N"}),
+    "--concurrency": ("load.concurrency", {"metavar": "N"}),
+    "--rate": ("load.rate", {"metavar": "RPS"}),
+    "--arrival": ("load.arrival", {"metavar": "constant|poisson|gamma"}),
+    "--burstiness": ("load.burstiness", {"metavar": "K"}),
+    "--duration": ("load.duration", {"metavar": "DUR"}),
+    "--max-batch-size": ("batcher.max_batch_size", {"metavar": "N"}),
+    "--max-queue-delay-ms": ("batcher.max_queue_delay_ms", {"metavar": "MS"}),
+    "--input-shapes": ("input.shapes", {"metavar": "SPEC"}),
+    "--samples": ("input.samples", {"metavar": "DIR"}),
+    "--metrics-addr": ("metrics.addr", {"metavar": "HOST:PORT"}),
+    "--summary-json": ("output.summary_json", {"metavar": "PATH"}),
+    "--state-dir": ("state.dir", {"metavar": "DIR"}),
+    "--run-id": ("state.run_id", {"metavar": "ID"}),
+    "--memory-interval": ("memory.interval", {"metavar": "DUR"}),
+    "--leak-warmup": ("leak.warmup", {"metavar": "DUR"}),
+    "--leak-window": ("leak.window", {"metavar": "DUR"}),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse exits 2 on usage errors too; keep its message
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"soakd: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="soakd", description="Soak-test daemon for PyTorch inference.")
+    parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    run = sub.add_parser("run", help="soak a model (the default: builtin convnet, until stopped)")
+    run.add_argument("--config", metavar="FILE", help="TOML config; flags override it")
+    for flag, (key, kw) in RUN_FLAGS.items():
+        run.add_argument(flag, dest=key, default=None, help=f"overrides {key}", **kw)
+
+    check = sub.add_parser("check-config", help="validate a config file without running")
+    check.add_argument("file", metavar="FILE")
+
+    # ---- sweep (issue: production-like requests): flags owned by soakd/analysis/sweep.py
+    sweep = sub.add_parser("sweep", help="step through load settings; find the knee and the best setting")
+    sweep.add_argument("--config", metavar="FILE")
+    for flag, (key, kw) in RUN_FLAGS.items():
+        if flag not in ("--concurrency", "--rate", "--max-batch-size", "--duration"):
+            sweep.add_argument(flag, dest=key, default=None, help=f"overrides {key}", **kw)
+    sweep.add_argument("--concurrency", dest="sweep_concurrency", metavar="LIST", help="e.g. 1,4,8,16")
+    sweep.add_argument("--rate", dest="sweep_rate", metavar="LIST", help="e.g. 50,100,200")
+    sweep.add_argument("--max-batch-size", dest="sweep_max_batch_size", metavar="LIST", help="e.g. 1,4,8,16,32")
+    sweep.add_argument("--step-duration", metavar="DUR", help="fixed time per step (skips the stability wait)")
+    sweep.add_argument("--slo-p99-ms", type=float, metavar="MS", help="p99 the recommendation must meet")
+    sweep.add_argument("--json", dest="json_out", metavar="FILE", help="write the steps, knee and recommendation")
+
+    # ---- analyze (issue: leak verdicts): must not import torch
+    analyze = sub.add_parser("analyze", help="judge recorded memory traces (CSV: timestamp_seconds,bytes)")
+    analyze.add_argument("--json", action="store_true", help="one JSON object per file per line")
+    analyze.add_argument("--config", metavar="FILE", help="leak settings from a config file")
+    analyze.add_argument("--leak-warmup", dest="leak.warmup", metavar="DUR")
+    analyze.add_argument("--leak-window", dest="leak.window", metavar="DUR")
+    analyze.add_argument("files", metavar="FILE", nargs="+")
+
+    # ---- report / compare (issue: reports and gates)
+    report = sub.add_parser("report", help="summarise a run from its state dir")
+    report.add_argument("--state-dir", required=True, metavar="DIR")
+    report.add_argument("--run-id", metavar="ID", help="default: the most recent run")
+    report.add_argument("--format", choices=("json", "html", "md"), default="json")
+    report.add_argument("--output", metavar="FILE", help="default: stdout")
+    report.add_argument("--config", metavar="FILE", help="SLOs to check")
+
+    compare = sub.add_parser("compare", help="compare two run summaries; exit 1 on a regression")
+    compare.add_argument("a", metavar="A.json")
+    compare.add_argument("b", metavar="B.json")
+    compare.add_argument("--config", metavar="FILE", help="regression thresholds")
+    return parser
+
+
+def _version() -> str:
+    from soakd import __version__
+
+    return f"soakd {__version__}"
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _overrides(ns: argparse.Namespace) -> dict[str, Any]:
+    return {key: getattr(ns, key) for key, _ in RUN_FLAGS.values() if getattr(ns, key, None) is not None}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = list(sys.argv[1:] if argv is None else argv)
+    commands = {"run", "check-config", "sweep", "analyze", "report", "compare"}
+    first = next((a for a in args if a not in ("-v", "--verbose")), None)
+    if first is None or (first not in commands and first not in ("-h", "--help", "--version")):
+        args.insert(args.index(first) if first is not None else len(args), "run")  # bare `soakd` runs
+    ns = parser.parse_args(args)
+    _setup_logging(ns.verbose)
+    command = ns.command
+
+    from soakd.config import ConfigError, load_config
+
+    try:
+        if command == "check-config":
+            cfg = load_config(ns.file)
+            print(f"{ns.file}: ok")
+            return EXIT_OK
+        if command == "analyze":
+            from soakd.analysis.offline import analyze_command
+
+            return analyze_command(ns)
+        if command == "report":
+            from soakd.report.command import report_command
+
+            return report_command(ns)
+        if command == "compare":
+            from soakd.report.compare import compare_command
+
+            return compare_command(ns)
+        cfg = load_config(ns.config, _overrides(ns))
+        if command == "sweep":
+            from soakd.analysis.sweep import sweep_command
+
+            return sweep_command(cfg, ns)
+        from soakd.models.loader import ModelLoadError
+        from soakd.runner import run
+
+        try:
+            return run(cfg)
+        except ModelLoadError as exc:
+            print(f"soakd: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    except ConfigError as exc:
+        print(f"soakd: config error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        if exc.errno == 98:  # EADDRINUSE
+            print(f"soakd: error: cannot listen: {exc.strerror} (metrics.addr / --metrics-addr)", file=sys.stderr)
+            return EXIT_USAGE
+        raise

@@ -1,0 +1,350 @@
+"""Typed configuration: defaults, TOML loading, CLI overrides, validation.
+
+Every key has a default, so an empty file (or none) is a valid config. Every error names
+the key path (``load.concurrency``) or the file, and surfaces as :class:`ConfigError`,
+which the CLI turns into exit code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names the key path or file."""
+
+
+_DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|us|µs|s|m|h|d)?", re.IGNORECASE)
+_UNIT_SECONDS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: str | float | int) -> float:
+    """Parse ``90s``, ``1h30m``, ``250ms`` or a plain number of seconds into seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration, got {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = value.strip()
+    if not text:
+        raise ValueError("empty duration")
+    pos, total = 0, 0.0
+    while pos < len(text):
+        m = _DURATION_RE.match(text, pos)
+        if not m:
+            raise ValueError(f"cannot parse duration {value!r} (use e.g. 90s, 5m, 1h30m, 250ms)")
+        unit = (m.group(2) or "s").lower()
+        if m.group(2) is None and pos > 0:
+            raise ValueError(f"cannot parse duration {value!r}: missing unit after a number")
+        total += float(m.group(1)) * _UNIT_SECONDS[unit]
+        pos = m.end()
+        while pos < len(text) and text[pos] == " ":
+            pos += 1
+    return total
+
+
+def _duration(default: float | None, *, positive: bool = True, allow_zero: bool = False) -> Any:
+    return field(default=default, metadata={"duration": True, "positive": positive, "zero": allow_zero})
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclass
+class ModelConfig:
+    spec: str = "builtin:convnet"
+    device: str = "auto"
+    warmup: int = 50
+    dtype: str = "float32"
+    # Keyword arguments for builtin and python factories (e.g. a test model's stall period).
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LoadConfig:
+    concurrency: int | None = None  # closed loop; the default when neither this nor rate is set
+    rate: float | None = None  # open loop, requests per second
+    arrival: str = "poisson"
+    burstiness: float = 1.0  # gamma arrivals: squared coefficient of variation of the gaps
+    max_inflight: int = 1024  # open loop: requests beyond this are dropped, not delayed
+    duration: float | None = _duration(None)  # None: run until stopped
+    drain_timeout: float = _duration(30.0)
+    seed: int = 0
+
+
+@dataclass
+class BatcherConfig:
+    max_batch_size: int = 8
+    max_queue_delay_ms: float = 2.0
+    inference_timeout: float | None = _duration(None)  # slower batches count outcome="timeout"
+
+
+@dataclass
+class InputConfig:
+    shapes: str = ""  # empty: the model's default input shape
+    samples: str | None = None
+    pool: int = 8  # distinct pre-made tensors per shape, cycled
+
+
+@dataclass
+class MetricsConfig:
+    addr: str = "127.0.0.1:9464"
+    status_interval: float = _duration(5.0)
+
+
+@dataclass
+class OutputConfig:
+    summary_json: str | None = None
+
+
+@dataclass
+class StateConfig:
+    dir: str | None = None
+    run_id: str | None = None
+
+
+@dataclass
+class MemoryConfig:
+    interval: float = _duration(10.0)
+    sample_timeout: float = _duration(2.0)
+    snapshot_interval: float | None = _duration(None)  # largest free block via memory_snapshot()
+    tracemalloc: bool = False
+    ring_size: int = 100_000  # samples kept in memory per series
+
+
+@dataclass
+class LeakConfig:
+    warmup: float = _duration(1800.0, allow_zero=True)
+    window: float = _duration(3 * 3600.0)
+    evaluate_interval: float = _duration(60.0)
+    min_slope_bytes_per_hour: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class OtelConfig:
+    enabled: bool | None = None  # None: on when an OTEL_EXPORTER_OTLP_*ENDPOINT variable is set
+    export_interval: float = _duration(10.0)
+    trace_sample_ratio: float = 0.01
+
+
+@dataclass
+class SloConfig:
+    p99_ms: float | None = None
+    max_error_ratio: float | None = None
+    min_throughput_rps: float | None = None
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    load: LoadConfig = field(default_factory=LoadConfig)
+    batcher: BatcherConfig = field(default_factory=BatcherConfig)
+    input: InputConfig = field(default_factory=InputConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    state: StateConfig = field(default_factory=StateConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    leak: LeakConfig = field(default_factory=LeakConfig)
+    otel: OtelConfig = field(default_factory=OtelConfig)
+    slo: SloConfig = field(default_factory=SloConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.load.rate is None
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _coerce(value: Any, tp: Any, path: str, meta: typing.Mapping[str, Any]) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(value, args[0], path, meta)
+    if meta.get("duration"):
+        try:
+            seconds = parse_duration(value)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+        if seconds < 0 or (seconds == 0 and not meta.get("zero")):
+            raise ConfigError(f"{path}: duration must be {'>= 0' if meta.get('zero') else '> 0'}, got {value!r}")
+        return seconds
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{path}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{path}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{path}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{path}: expected a string, got {value!r}")
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a table, got {value!r}")
+        _, vtp = typing.get_args(tp)
+        if vtp is Any:
+            return dict(value)
+        return {k: _coerce(v, vtp, f"{path}.{k}", {}) for k, v in value.items()}
+    raise ConfigError(f"{path}: unsupported type {tp!r}")  # pragma: no cover - programming error
+
+
+def _build(cls: type[Any], data: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            where = f"{prefix}.{key}" if prefix else key
+            kind = "key" if prefix else "section"
+            known = ", ".join(sorted(names))
+            raise ConfigError(f"{where}: unknown {kind} (known: {known})")
+    kwargs: dict[str, Any] = {}
+    for name, f in names.items():
+        if name not in data:
+            continue
+        path = f"{prefix}.{name}" if prefix else name
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(data[name], dict):
+                raise ConfigError(f"{path}: expected a table [{path}]")
+            kwargs[name] = _build(typing.cast(type, tp), data[name], path)
+        else:
+            kwargs[name] = _coerce(data[name], tp, path, f.metadata)
+    return cls(**kwargs)
+
+
+def _set_path(data: dict[str, Any], path: str, value: Any) -> None:
+    section, key = path.split(".", 1)
+    data.setdefault(section, {})[key] = value
+
+
+def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read TOML (when given), apply ``{"load.concurrency": 4}``-style overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            with p.open("rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"{p}: config file not found") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"{p}: cannot read config file: {exc.strerror}") from None
+    overrides = overrides or {}
+    # A load mode given on the command line replaces the other mode from the file.
+    if "load.concurrency" in overrides and "load.rate" not in overrides:
+        data.get("load", {}).pop("rate", None)
+    if "load.rate" in overrides and "load.concurrency" not in overrides:
+        data.get("load", {}).pop("concurrency", None)
+    for key, value in overrides.items():
+        _set_path(data, key, value)
+    cfg: Config = _build(Config, data, "")
+    validate(cfg)
+    return cfg
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+_SHAPE_ITEM_RE = re.compile(r"^\d+(x\d+)*(=\d+(\.\d*)?)?$")
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field and range checks; raises ConfigError naming the key path."""
+    from soakd.models.spec import check_model_spec  # local: keeps torch out of config import
+
+    check_model_spec(cfg.model.spec)
+    _require(
+        re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.model.device) is not None,
+        f"model.device: expected auto, cpu or cuda[:N], got {cfg.model.device!r}",
+    )
+    _require(cfg.model.warmup >= 0, f"model.warmup: must be >= 0, got {cfg.model.warmup}")
+    _require(
+        cfg.model.dtype in ("float32", "float16", "bfloat16"),
+        f"model.dtype: expected float32, float16 or bfloat16, got {cfg.model.dtype!r}",
+    )
+    ld = cfg.load
+    _require(
+        ld.concurrency is None or ld.rate is None,
+        "load.concurrency and load.rate: choose one (closed loop or open loop), not both",
+    )
+    if ld.concurrency is None and ld.rate is None:
+        ld.concurrency = 8
+    if ld.concurrency is not None:
+        _require(ld.concurrency >= 1, f"load.concurrency: must be >= 1, got {ld.concurrency}")
+    if ld.rate is not None:
+        _require(ld.rate > 0, f"load.rate: must be > 0 requests/s, got {ld.rate}")
+    _require(
+        ld.arrival in ("constant", "poisson", "gamma"),
+        f"load.arrival: expected constant, poisson or gamma, got {ld.arrival!r}",
+    )
+    _require(ld.burstiness > 0, f"load.burstiness: must be > 0, got {ld.burstiness}")
+    _require(ld.max_inflight >= 1, f"load.max_inflight: must be >= 1, got {ld.max_inflight}")
+    b = cfg.batcher
+    _require(b.max_batch_size >= 1, f"batcher.max_batch_size: must be >= 1, got {b.max_batch_size}")
+    _require(b.max_queue_delay_ms >= 0, f"batcher.max_queue_delay_ms: must be >= 0, got {b.max_queue_delay_ms}")
+    _require(cfg.input.pool >= 1, f"input.pool: must be >= 1, got {cfg.input.pool}")
+    if cfg.input.shapes:
+        for item in cfg.input.shapes.replace(" ", "").split(","):
+            _require(
+                bool(_SHAPE_ITEM_RE.match(item)),
+                f"input.shapes: cannot parse {item!r} (use e.g. 3x224x224 or 3x224x224=0.6,3x96x96=0.4)",
+            )
+    if cfg.input.samples is not None:
+        _require(Path(cfg.input.samples).is_dir(), f"input.samples: {cfg.input.samples}: no such directory")
+    host, sep, port = cfg.metrics.addr.rpartition(":")
+    _require(
+        bool(sep) and port.isdigit() and 0 <= int(port) <= 65535,
+        f"metrics.addr: expected HOST:PORT, got {cfg.metrics.addr!r}",
+    )
+    _require(cfg.memory.ring_size >= 10, f"memory.ring_size: must be >= 10, got {cfg.memory.ring_size}")
+    _require(
+        0.0 <= cfg.otel.trace_sample_ratio <= 1.0,
+        f"otel.trace_sample_ratio: must be within [0, 1], got {cfg.otel.trace_sample_ratio}",
+    )
+    for name in ("p99_ms", "max_error_ratio", "min_throughput_rps"):
+        v = getattr(cfg.slo, name)
+        _require(v is None or v >= 0, f"slo.{name}: must be >= 0, got {v}")

@@ -1,0 +1,71 @@
+"""The run fingerprint: what a result is bound to (model, inputs, software, hardware, config)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import time
+from typing import Any
+
+import torch
+
+import soakd
+from soakd.config import Config
+
+ALLOCATOR_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING", "MALLOC_ARENA_MAX")
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def nvidia_driver_version() -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+            return version.decode() if isinstance(version, bytes) else str(version)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no library: the fingerprint says so with null
+        return None
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_model()
+
+
+def fingerprint(cfg: Config, *, run_id: str, model_spec: str, model_sha256: str, device: torch.device,
+                input_desc: str) -> dict[str, Any]:
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {
+        "run_id": run_id,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "model": model_spec,
+        "model_sha256": model_sha256,
+        "input": input_desc,
+        "device": str(device),
+        "device_name": device_name(device),
+        "cpu_model": cpu_model(),
+        "host": socket.gethostname(),
+        "soakd_version": soakd.__version__,
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "cudnn_version": cudnn,
+        "driver_version": nvidia_driver_version() if device.type == "cuda" else None,
+        "python_version": platform.python_version(),
+        "allocator_env": {k: os.environ[k] for k in ALLOCATOR_ENV if k in os.environ},
+        "config": cfg.to_dict(),
+    }

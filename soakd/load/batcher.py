@@ -1,0 +1,92 @@
+"""Dynamic batcher: groups same-shape requests, up to ``max_batch_size``, and never lets the
+oldest request wait longer than ``max_queue_delay``."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Hashable, Iterable
+
+from soakd.load.request import Request
+
+
+class Batcher:
+    def __init__(self, max_batch_size: int, max_queue_delay_s: float) -> None:
+        self.max_batch_size = max_batch_size
+        self.max_delay = max_queue_delay_s
+        self._groups: dict[Hashable, deque[Request]] = {}
+        self._size = 0
+        self._closed = False
+        self._cond = threading.Condition(threading.Lock())
+
+    def __len__(self) -> int:
+        return self._size
+
+    def put(self, req: Request) -> None:
+        with self._cond:
+            group = self._groups.get(req.key)
+            if group is None:
+                group = self._groups[req.key] = deque()
+            group.append(req)
+            self._size += 1
+            # Wake the taker only when it has something new to decide: the queue was empty
+            # (a deadline starts) or a group just filled (no reason to wait any longer).
+            if self._size == 1 or len(group) == self.max_batch_size:
+                self._cond.notify()
+
+    def put_many(self, reqs: Iterable[Request]) -> None:
+        with self._cond:
+            for req in reqs:
+                group = self._groups.get(req.key)
+                if group is None:
+                    group = self._groups[req.key] = deque()
+                group.append(req)
+                self._size += 1
+            self._cond.notify()
+
+    def close(self) -> None:
+        """Stop waiting for batches to fill: what is queued is handed out at once."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def take(self, timeout: float = 0.1) -> list[Request]:
+        """Next batch, or ``[]`` when nothing arrived within ``timeout``."""
+        give_up = time.perf_counter() + timeout
+        with self._cond:
+            while True:
+                now = time.perf_counter()
+                if self._size == 0:
+                    if self._closed or now >= give_up:
+                        return []
+                    self._cond.wait(give_up - now)
+                    continue
+                oldest_key, oldest = None, None
+                full_key = None
+                for key, group in self._groups.items():
+                    if not group:
+                        continue
+                    head = group[0]
+                    if oldest is None or head.enqueued < oldest.enqueued:
+                        oldest_key, oldest = key, head
+                    if len(group) >= self.max_batch_size and (
+                        full_key is None or head.enqueued < self._groups[full_key][0].enqueued
+                    ):
+                        full_key = key
+                assert oldest is not None
+                deadline = oldest.enqueued + self.max_delay
+                if full_key is not None:
+                    key = full_key if now < deadline else oldest_key
+                elif now >= deadline or self._closed:
+                    key = oldest_key
+                else:
+                    self._cond.wait(deadline - now)
+                    continue
+                group = self._groups[key]
+                n = min(len(group), self.max_batch_size)
+                batch = [group.popleft() for _ in range(n)]
+                if not group:
+                    del self._groups[key]
+                self._size -= n
+                return batch

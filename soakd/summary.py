@@ -1,0 +1,41 @@
+"""The run summary (``--summary-json``): the keys dashboards, reports and CI gates read."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from soakd.telemetry.histogram import HistSnapshot
+
+QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}
+
+
+def _ms(seconds: float) -> float | None:
+    return None if math.isnan(seconds) else round(seconds * 1e3, 4)
+
+
+def stage_summary(snap: HistSnapshot) -> dict[str, Any]:
+    out: dict[str, Any] = {k: _ms(snap.percentile(q)) for k, q in QUANTILES.items()}
+    out["max"] = _ms(snap.maximum) if snap.count else None
+    out["mean"] = _ms(snap.mean())
+    out["count"] = snap.count
+    return out
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
+    """Write then rename, so a reader never sees half a file (and a crash leaves the old one)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2, sort_keys=False, allow_nan=False, default=str)
+            fh.write("\n")
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

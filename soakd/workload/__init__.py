@@ -1,0 +1,1 @@
+"""Request sources: synthetic shape mixes and sample replay, with their pre/post-processing."""

@@ -1,0 +1,65 @@
+"""Synthetic requests: one or a weighted mix of input shapes, from a pool of pre-made tensors.
+
+Tensors are made once (``pool`` per shape) and cycled, so drawing a request costs a few
+hundred nanoseconds and the load generator never competes with the model for the CPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+Shape = tuple[int, ...]
+
+
+def parse_shape_mix(spec: str) -> list[tuple[Shape, float]]:
+    """``"3x224x224=0.6,3x96x96=0.4"`` -> [((3,224,224), 0.6), ((3,96,96), 0.4)]; weights normalised."""
+    items: list[tuple[Shape, float]] = []
+    for part in spec.replace(" ", "").split(","):
+        if not part:
+            continue
+        dims, _, weight = part.partition("=")
+        shape = tuple(int(d) for d in dims.split("x"))
+        if any(d <= 0 for d in shape):
+            raise ValueError(f"input.shapes: dimensions must be positive in {part!r}")
+        w = float(weight) if weight else 1.0
+        if w <= 0:
+            raise ValueError(f"input.shapes: weight must be > 0 in {part!r}")
+        items.append((shape, w))
+    if not items:
+        raise ValueError("input.shapes: no shape given")
+    total = sum(w for _, w in items)
+    return [(s, w / total) for s, w in items]
+
+
+class ShapeSource:
+    """Draws each request's shape by weight and hands out a pooled tensor of that shape."""
+
+    needs_preprocess = False
+
+    def __init__(self, spec: str, *, pool: int = 8, dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
+        self.mix = parse_shape_mix(spec)
+        self.shapes = [s for s, _ in self.mix]
+        gen = torch.Generator().manual_seed(seed)
+        self._pools = [[torch.randn(s, generator=gen).to(dtype) for _ in range(pool)] for s in self.shapes]
+        self._weights = np.array([w for _, w in self.mix])
+        self._rng = np.random.default_rng(seed)
+        self._draws: list[int] = []
+        self._turn = 0
+
+    def _refill(self) -> None:
+        if len(self.shapes) == 1:
+            self._draws = [0] * 4096
+        else:
+            self._draws = self._rng.choice(len(self.shapes), size=4096, p=self._weights).tolist()
+
+    def next(self) -> tuple[Shape, torch.Tensor]:
+        if not self._draws:
+            self._refill()
+        k = self._draws.pop()
+        self._turn += 1
+        pool = self._pools[k]
+        return self.shapes[k], pool[self._turn % len(pool)]
+
+    def warmup_inputs(self) -> list[tuple[Shape, torch.Tensor]]:
+        return [(s, p[0]) for s, p in zip(self.shapes, self._pools, strict=True)]
