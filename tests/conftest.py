@@ -1,0 +1,124 @@
+"""Shared fixtures: free ports, a soakd subprocess, GPU skipping."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def soakd_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "soakd", *args]
+
+
+def scrape(port: int, path: str = "/metrics", timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as resp:
+        return resp.read().decode()
+
+
+def wait_for(predicate, timeout: float = 60.0, interval: float = 0.2, what: str = "condition"):  # type: ignore[no-untyped-def]
+    """Poll until ``predicate()`` returns a truthy value; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # not up yet
+            last_exc = exc
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what} (last error: {last_exc!r})")
+
+
+def metric_value(exposition: str, name: str, labels: str = "") -> float | None:
+    """Value of ``name{labels}`` in a text exposition (labels as written, e.g. 'outcome="ok"')."""
+    want = f"{name}{{{labels}}}" if labels else name
+    for line in exposition.splitlines():
+        if line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        if key == want:
+            return float(value)
+    return None
+
+
+class Daemon:
+    """A ``soakd run`` subprocess with its metrics port, stopped (SIGTERM) at the end."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.log = cwd / f"soakd-{self.port}.log"
+        self._fh = self.log.open("w")
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc = subprocess.Popen(
+            soakd_cmd("run", "--metrics-addr", f"127.0.0.1:{self.port}", *args),
+            cwd=cwd, stdout=self._fh, stderr=subprocess.STDOUT, env=full_env,
+        )
+
+    def metrics(self) -> str:
+        return scrape(self.port)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Until measurement has started (the first steady-state request is counted)."""
+        def started() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"soakd exited early ({self.proc.returncode}):\n{self.output()}")
+            v = metric_value(self.metrics(), "soakd_requests_total", 'outcome="ok"')
+            return v is not None and v > 0
+        wait_for(started, timeout, what="soakd to start serving requests")
+
+    def output(self) -> str:
+        self._fh.flush()
+        return self.log.read_text()
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self._fh.close()
+        return rc
+
+
+@pytest.fixture
+def daemon_factory(tmp_path: Path) -> Iterator[object]:
+    started: list[Daemon] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> Daemon:
+        d = Daemon(list(args), tmp_path, env)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.stop()

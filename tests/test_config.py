@@ -1,0 +1,105 @@
+"""Config: defaults work with no file, flags override, and every bad value names its key and exits 2."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from soakd.config import ConfigError, load_config, parse_duration
+from tests.conftest import soakd_cmd
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "soak.toml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_need_no_file() -> None:
+    """With no file and no flags, the builtin convnet soaks in closed loop on the auto device."""
+    cfg = load_config()
+    assert cfg.model.spec == "builtin:convnet"
+    assert cfg.model.device == "auto"
+    assert cfg.load.concurrency == 8 and cfg.load.rate is None
+    assert cfg.metrics.addr == "127.0.0.1:9464"
+    assert cfg.model.warmup == 50
+
+
+def test_flags_override_file(tmp_path: Path) -> None:
+    """A flag wins over the file, and choosing --rate replaces the file's concurrency."""
+    p = write(tmp_path, "[load]\nconcurrency = 4\nduration = '10m'\n[batcher]\nmax_batch_size = 16\n")
+    cfg = load_config(p, {"load.rate": "250", "batcher.max_batch_size": "4"})
+    assert cfg.load.rate == 250.0 and cfg.load.concurrency is None
+    assert cfg.load.duration == 600.0
+    assert cfg.batcher.max_batch_size == 4
+
+
+@pytest.mark.parametrize(
+    ("text", "overrides", "needle"),
+    [
+        ("[lod]\nconcurrency = 2\n", {}, "lod: unknown section"),
+        ("[load]\nconcurency = 2\n", {}, "load.concurency: unknown key"),
+        ("[load]\nconcurrency = 'many'\n", {}, "load.concurrency: expected an integer"),
+        ("[load]\nconcurrency = 0\n", {}, "load.concurrency: must be >= 1"),
+        ("[load]\nrate = -5\n", {}, "load.rate: must be > 0"),
+        ("[load]\nduration = 'soon'\n", {}, "load.duration: cannot parse duration"),
+        ("[load]\narrival = 'bursty'\n", {}, "load.arrival: expected constant, poisson or gamma"),
+        ("[load]\nrate = 10\nconcurrency = 2\n", {}, "choose one"),
+        ("[model]\nspec = 'torchscript:/no/such/model.pt'\n", {}, "/no/such/model.pt: model file not found"),
+        ("[model]\nspec = 'builtin:resnet9000'\n", {}, "unknown builtin model 'resnet9000'"),
+        ("[model]\nspec = 'onnx:x.onnx'\n", {}, "model.spec: cannot parse"),
+        ("[model]\ndevice = 'tpu'\n", {}, "model.device: expected auto, cpu or cuda"),
+        ("[batcher]\nmax_batch_size = 0\n", {}, "batcher.max_batch_size: must be >= 1"),
+        ("[metrics]\naddr = 'localhost'\n", {}, "metrics.addr: expected HOST:PORT"),
+        ("[input]\nshapes = '3by224'\n", {}, "input.shapes: cannot parse"),
+        ("load = 3\n", {}, "load: expected a table"),
+        ("[load\n", {}, "not valid TOML"),
+        ("", {"load.concurrency": "0"}, "load.concurrency: must be >= 1"),
+        ("", {"load.duration": "1x"}, "load.duration: cannot parse duration '1x'"),
+    ],
+)
+def test_bad_values_name_the_key(tmp_path: Path, text: str, overrides: dict[str, str], needle: str) -> None:
+    """Each invalid input raises one ConfigError whose message names the key path or file."""
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text), overrides)
+    assert needle in str(info.value)
+
+
+def test_missing_config_file_names_it(tmp_path: Path) -> None:
+    """A config path that does not exist is named in the error."""
+    with pytest.raises(ConfigError, match="nope.toml: config file not found"):
+        load_config(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90s", 90), ("1h30m", 5400), ("250ms", 0.25), ("2d", 172800), (12, 12), ("1.5m", 90), ("1h 5m", 3900)],
+)
+def test_durations(text: str | int, seconds: float) -> None:
+    """Durations take the units people write."""
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+def test_check_config_cli_exit_codes(tmp_path: Path) -> None:
+    """`soakd check-config` prints ok and exits 0 for a good file, names the key and exits 2 for a bad one."""
+    good = write(tmp_path, "[load]\nrate = 100\narrival = 'gamma'\nburstiness = 4\n")
+    ok = subprocess.run(soakd_cmd("check-config", str(good)), capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "ok" in ok.stdout
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[batcher]\nmax_queue_delay_ms = 'slow'\n")
+    res = subprocess.run(soakd_cmd("check-config", str(bad)), capture_output=True, text=True)
+    assert res.returncode == 2
+    assert "batcher.max_queue_delay_ms: expected a number" in res.stderr
+
+
+def test_run_with_bad_flag_exits_2() -> None:
+    """A bad flag value stops `soakd run` before anything loads, with exit 2."""
+    res = subprocess.run(soakd_cmd("run", "--concurrency", "0"), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert "load.concurrency: must be >= 1" in res.stderr
+    res = subprocess.run(soakd_cmd("run", "--model", "torchscript:missing.pt"), capture_output=True, text=True)
+    assert res.returncode == 2
+    assert "missing.pt: model file not found" in res.stderr
