@@ -1,0 +1,118 @@
+"""Core benchmarks, measured side by side in one process (issue: soakd core).
+
+1. Harness overhead: soakd's sustained throughput vs the same model's offline loop at the same
+   batch size (goal: >= 0.95 of offline).
+2. Driver ceiling on builtin:noop with large batches (goal: >= 50,000 requests/s on 2 cores).
+3. Open-loop accuracy at 2,000 requests/s Poisson (goal: achieved rate within 1%, lag p99 < 1 ms).
+4. The seed article's harness on the same model, as the baseline row.
+
+    .venv/bin/python bench/core_throughput.py [--seconds 10] [--device auto]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import torch
+
+from bench.seed_harness import LocalInferenceBenchmarker
+from soakd.config import load_config
+from soakd.load.engine import Engine
+from soakd.models.loader import load_model
+from soakd.runner import warm_up
+from soakd.telemetry.catalogue import Metrics
+from soakd.workload.shapes import ShapeSource
+
+
+def soak(spec: str, device: str, shapes: str, seconds: float, **ov: Any) -> tuple[Engine, float]:
+    overrides = {"model.spec": spec, "model.device": device, "input.shapes": shapes,
+                 **{k.replace("__", "."): str(v) for k, v in ov.items()}}
+    cfg = load_config(None, overrides)
+    model = load_model(spec, device)
+    source = ShapeSource(shapes, pool=cfg.input.pool)
+    warm_up(model, source, 20, cfg.batcher.max_batch_size)
+    engine = Engine(model.fn, model.device, source, cfg, Metrics())
+    engine.start()
+    time.sleep(seconds)
+    engine.stop()
+    stats = engine.stats()
+    return engine, stats.completed["ok"] / stats.elapsed
+
+
+def offline_loop(spec: str, device: str, shape: tuple[int, ...], batch: int, seconds: float) -> float:
+    model = load_model(spec, device)
+    x = torch.randn(batch, *shape, device=model.device)
+    with torch.inference_mode():
+        for _ in range(20):
+            model.fn(x)
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            model.fn(x)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            n += batch
+    return n / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--device", default="auto")
+    args = ap.parse_args()
+    dev = "cuda" if args.device == "auto" and torch.cuda.is_available() else ("cpu" if args.device == "auto" else args.device)
+    s = args.seconds
+    print(f"device={dev} torch={torch.__version__} threads={torch.get_num_threads()}  ({s:.0f} s per row)")
+
+    # 1. Harness overhead on the builtin convnet (smaller images on CPU so a row takes seconds).
+    shape = (3, 224, 224) if dev.startswith("cuda") else (3, 64, 64)
+    shapes = "x".join(map(str, shape))
+    batch = 8
+    offline = offline_loop("builtin:convnet", dev, shape, batch, s)
+    engine, online = soak("builtin:convnet", dev, shapes, s, load__concurrency=2 * batch,
+                          batcher__max_batch_size=batch, batcher__max_queue_delay_ms=5)
+    print("\n1. harness overhead, builtin:convnet", shapes, f"batch {batch}")
+    print(f"   offline loop          {offline:10.1f} req/s")
+    print(f"   soakd closed loop     {online:10.1f} req/s   mean batch {engine.batch_size_summary()['mean']:.2f}")
+    print(f"   ratio soakd/offline   {online / offline:10.3f}   (goal >= 0.95)")
+
+    # 2. Driver ceiling.
+    engine, ceiling = soak("builtin:noop", dev, "16", s, load__concurrency=4096, batcher__max_batch_size=1024,
+                           batcher__max_queue_delay_ms=1)
+    print("\n2. driver ceiling, builtin:noop, concurrency 4096, max batch 1024")
+    print(f"   soakd                 {ceiling:10.1f} req/s   mean batch {engine.batch_size_summary()['mean']:.1f}")
+    print(f"   ratio to goal 50k     {ceiling / 50_000:10.3f}   (goal >= 1.0)")
+
+    # 3. Open-loop accuracy.
+    rate = 2000.0
+    engine, _ = soak("builtin:noop", dev, "16", s, load__rate=rate, load__arrival="poisson",
+                     batcher__max_batch_size=64, batcher__max_queue_delay_ms=1)
+    st = engine.stats()
+    sent = st.completed["ok"] + st.completed["dropped"] + st.completed["error"]
+    achieved = sent / (engine.last_completion - engine.started_at)
+    lag = st.lag
+    print(f"\n3. open loop, Poisson {rate:.0f} req/s, builtin:noop")
+    print(f"   achieved rate         {achieved:10.1f} req/s   ratio {achieved / rate:.4f}  (goal within 1%)")
+    print(f"   schedule lag p50/p99  {lag.percentile(0.5) * 1e3:10.3f} / {lag.percentile(0.99) * 1e3:.3f} ms"
+          f"   max {lag.maximum * 1e3:.3f} ms  (goal p99 < 1 ms)")
+    print(f"   e2e p99               {st.stages['e2e'].percentile(0.99) * 1e3:10.3f} ms")
+
+    # 4. The seed harness on the same convnet and shape, same concurrency, batch size 1 as it runs.
+    model = load_model("builtin:convnet", dev)
+    seed = LocalInferenceBenchmarker(model.fn, (1, *shape), warmup_runs=20, device=dev)
+    per_thread = max(20, int(offline * s / 16 / 2))
+    res = seed.run_stress_test([8], requests_per_thread=per_thread)[8]
+    engine, soakd8 = soak("builtin:convnet", dev, shapes, s, load__concurrency=8, batcher__max_batch_size=8,
+                          batcher__max_queue_delay_ms=2)
+    e2e = engine.stats().stages["e2e"]
+    print("\n4. seed harness vs soakd, builtin:convnet", shapes, "concurrency 8")
+    print(f"   seed harness          {res['qps']:10.1f} req/s   p50 {res['p50_ms']:.2f} ms  p99 {res['p99_ms']:.2f} ms"
+          "  (no batching, no queue)")
+    print(f"   soakd (batch<=8)      {soakd8:10.1f} req/s   p50 {e2e.percentile(0.5) * 1e3:.2f} ms"
+          f"  p99 {e2e.percentile(0.99) * 1e3:.2f} ms  (e2e incl. queue)")
+    print(f"   ratio soakd/seed      {soakd8 / res['qps']:10.3f}")
+
+
+if __name__ == "__main__":
+    main()
