@@ -25,6 +25,8 @@ from soakd.models.loader import LoadedModel, load_model
 from soakd.summary import stage_summary, write_json_atomic
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.histogram import HistSnapshot
+from soakd.telemetry.series import SeriesStore
+from soakd.telemetry.telemetry import Telemetry
 from soakd.workload.shapes import ShapeSource
 
 log = logging.getLogger("soakd")
@@ -188,6 +190,20 @@ def _run(cfg: Config, run_id: str, metrics: Metrics, server: EndpointServer, sto
     model = load_model(cfg.model.spec, cfg.model.device, cfg.model.dtype, cfg.model.options)
     metrics.model_load.set(model.load_seconds)
     log.info("loaded %s on %s in %.2fs", cfg.model.spec, model.device, model.load_seconds)
+    # Memory/device samplers start once the model is on its device (they read that device) and
+    # stop whatever way the run ends. The leak monitor reads `series`.
+    series = SeriesStore(capacity=cfg.memory.ring_size)
+    telemetry = Telemetry(cfg, metrics, series, model.device,
+                          resource_attributes={"soakd.run_id": run_id, "soakd.model": cfg.model.spec})
+    telemetry.start()
+    try:
+        return _soak(cfg, run_id, metrics, server, stop, out, model, series, telemetry)
+    finally:
+        telemetry.stop()
+
+
+def _soak(cfg: Config, run_id: str, metrics: Metrics, server: EndpointServer, stop: StopFlag, out: TextIO,
+          model: LoadedModel, series: SeriesStore, telemetry: Telemetry) -> int:
     shapes = cfg.input.shapes or model.default_shape
     if not shapes:
         from soakd.config import ConfigError
@@ -211,6 +227,7 @@ def _run(cfg: Config, run_id: str, metrics: Metrics, server: EndpointServer, sto
     metrics.run_start_time.set(time.time())
 
     engine = Engine(model.fn, model.device, source, cfg, metrics)
+    engine.batch_hook = telemetry.batch_hook
     _set_phase(metrics, "steady")
     engine.start()
     tracker = WindowTracker()

@@ -89,6 +89,9 @@ class Engine:
         self.last_completion = 0.0
         self._old_switch = sys.getswitchinterval()
         self.last_progress = time.monotonic()  # for the watchdog: the last batch that finished
+        # Optional per-batch hook (size, dispatch time, end time, outcome), e.g. OTLP batch spans;
+        # None when unused so the hot path pays one comparison.
+        self.batch_hook: Callable[[int, float, float, str], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -223,6 +226,8 @@ class Engine:
             self._hist["e2e"].observe_many([t_end - r.intended for r in batch])
             self._hist["inference"].observe_many(np.full(n, t_end - t_dispatch))
         self.metrics.batch_size.observe(n)
+        if self.batch_hook is not None:
+            self.batch_hook(n, t_dispatch, t_end, outcome)
         self._batch_counts[n] += 1
         self._count(outcome, n)
         self.last_completion = t_end

@@ -1,0 +1,178 @@
+"""NVML (nvidia-ml-py's ``pynvml``): per GPU memory, this process's memory, utilization, SM clock,
+power, energy, temperature and clock-event (throttle) reasons.
+
+The backend is the ``pynvml`` module itself or anything with the same functions; tests pass a
+fake that answers with recorded values and raises pynvml's own ``NVMLError`` subclasses. A
+field a GPU does not support (power on some boards, memory info v2 on old drivers) is
+dropped for that GPU after the first NOT_SUPPORTED answer instead of failing the source.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from soakd.telemetry.catalogue import Metrics
+from soakd.telemetry.scheduler import SourceUnavailable
+from soakd.telemetry.series import SeriesStore
+
+# Bit -> name, from NVML's nvmlClocksEventReason* constants (stable across driver versions).
+CLOCK_EVENT_REASONS: dict[int, str] = {
+    0x001: "gpu_idle",
+    0x002: "applications_clocks_setting",
+    0x004: "sw_power_cap",
+    0x008: "hw_slowdown",
+    0x010: "sync_boost",
+    0x020: "sw_thermal_slowdown",
+    0x040: "hw_thermal_slowdown",
+    0x080: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+# Answers that mean "this GPU/driver cannot tell", not "the source is broken".
+_UNSUPPORTED = (3, 13, 25, 26)  # NOT_SUPPORTED, FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH, DEPRECATED
+_MEMORY_V2 = 0x02000028  # pynvml.nvmlMemory_v2
+_CLOCK_SM = 1  # NVML_CLOCK_SM
+_TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU
+
+
+def clock_event_reasons(mask: int) -> dict[str, bool]:
+    """Every known reason with whether its bit is set in ``mask``."""
+    return {name: bool(mask & bit) for bit, name in CLOCK_EVENT_REASONS.items()}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass
+class _Gpu:
+    index: int
+    handle: Any
+    uuid: str
+    name: str
+    unsupported: set[str] = field(default_factory=set)
+
+    @property
+    def labels(self) -> tuple[str, str]:
+        return str(self.index), self.uuid
+
+
+class NvmlSampler:
+    name = "nvml"
+
+    def __init__(self, metrics: Metrics, series: SeriesStore | None, nvml: Any = None, *,
+                 pid: int | None = None, uuids: Sequence[str] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        """``uuids``: the GPUs the model uses, for the leak series (None: every GPU)."""
+        self.metrics = metrics
+        self.series = series
+        self._nvml = nvml
+        self.pid = os.getpid() if pid is None else pid
+        self.uuids = set(uuids) if uuids is not None else None
+        self.clock = clock
+        self.gpus: list[_Gpu] = []
+        self.driver_version = ""
+
+    @property
+    def nvml(self) -> Any:
+        if self._nvml is None:
+            import pynvml
+
+            self._nvml = pynvml
+        return self._nvml
+
+    def open(self) -> None:
+        nv = self.nvml
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as exc:
+            # No driver here: NVMLError_LibraryNotFound (12) without libnvidia-ml,
+            # NVMLError_DriverNotLoaded (9) with the library but no kernel module.
+            raise SourceUnavailable(f"NVML: {exc}") from None
+        try:
+            self.driver_version = _text(nv.nvmlSystemGetDriverVersion())
+        except nv.NVMLError:
+            self.driver_version = ""
+        self.gpus = []
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            self.gpus.append(_Gpu(i, h, _text(nv.nvmlDeviceGetUUID(h)), _text(nv.nvmlDeviceGetName(h))))
+        if not self.gpus:
+            nv.nvmlShutdown()
+            raise SourceUnavailable("NVML sees no GPU")
+
+    def _field(self, gpu: _Gpu, key: str, call: Callable[[], Any]) -> Any:
+        """``call()``, or None once the GPU has said it cannot answer ``key``."""
+        if key in gpu.unsupported:
+            return None
+        try:
+            return call()
+        except self.nvml.NVMLError as exc:
+            if getattr(exc, "value", None) in _UNSUPPORTED:
+                gpu.unsupported.add(key)
+                return None
+            raise
+
+    def sample(self) -> None:
+        nv, m = self.nvml, self.metrics
+        used_ours = process_ours = 0
+        for gpu in self.gpus:
+            h, lab = gpu.handle, gpu.labels
+            mem = self._field(gpu, "memory_v2", partial(nv.nvmlDeviceGetMemoryInfo, h, version=_MEMORY_V2))
+            if mem is not None:
+                m.gpu_memory_reserved.labels(*lab).set(mem.reserved)
+            else:
+                mem = nv.nvmlDeviceGetMemoryInfo(h)
+            m.gpu_memory_used.labels(*lab).set(mem.used)
+            m.gpu_memory_total.labels(*lab).set(mem.total)
+            if self.uuids is None or gpu.uuid in self.uuids:
+                used_ours += int(mem.used)
+            procs = self._field(gpu, "processes", partial(nv.nvmlDeviceGetComputeRunningProcesses, h))
+            if procs is not None:
+                mine = sum(int(p.usedGpuMemory or 0) for p in procs if p.pid == self.pid)
+                m.gpu_process_memory.labels(*lab, str(self.pid)).set(mine)
+                process_ours += mine
+            util = self._field(gpu, "utilization", partial(nv.nvmlDeviceGetUtilizationRates, h))
+            if util is not None:
+                m.gpu_utilization.labels(*lab).set(util.gpu / 100.0)
+            sm = self._field(gpu, "sm_clock", partial(nv.nvmlDeviceGetClockInfo, h, _CLOCK_SM))
+            if sm is not None:
+                m.gpu_sm_clock.labels(*lab).set(sm * 1e6)  # MHz
+            power = self._field(gpu, "power", partial(nv.nvmlDeviceGetPowerUsage, h))
+            if power is not None:
+                m.gpu_power.labels(*lab).set(power / 1e3)  # mW
+            energy = self._field(gpu, "energy", partial(nv.nvmlDeviceGetTotalEnergyConsumption, h))
+            if energy is not None:
+                m.gpu_energy.set(lab, energy / 1e3)  # mJ
+            temp = self._field(gpu, "temperature", partial(nv.nvmlDeviceGetTemperature, h, _TEMPERATURE_GPU))
+            if temp is not None:
+                m.gpu_temperature.labels(*lab).set(temp)
+            mask = self._clock_events(gpu)
+            if mask is not None:
+                for reason, active in clock_event_reasons(mask).items():
+                    m.gpu_clock_event.labels(*lab, reason).set(1 if active else 0)
+        if self.series is not None:
+            now = self.clock()
+            self.series.append("gpu_memory_used", now, used_ours)
+            self.series.append("gpu_process_memory", now, process_ours)
+
+    def _clock_events(self, gpu: _Gpu) -> int | None:
+        nv, h = self.nvml, gpu.handle
+        if hasattr(nv, "nvmlDeviceGetCurrentClocksEventReasons"):  # driver >= 535 name
+            mask = self._field(gpu, "clock_events", lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(h))
+            if mask is not None:
+                return int(mask)
+        mask = self._field(gpu, "throttle", lambda: nv.nvmlDeviceGetCurrentClocksThrottleReasons(h))
+        return None if mask is None else int(mask)
+
+    def close(self) -> None:
+        if self.gpus:
+            with contextlib.suppress(self.nvml.NVMLError):
+                self.nvml.nvmlShutdown()
+            self.gpus = []

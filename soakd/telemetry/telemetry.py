@@ -1,0 +1,110 @@
+"""The run's telemetry: which samplers run, on what schedule, and the optional OTLP push.
+
+``Telemetry.start()`` is called by the runner once the model is on its device (the CUDA
+samplers need the device index), ``stop()`` at the end of the run, also on errors.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from soakd.config import Config
+from soakd.telemetry.catalogue import Metrics
+from soakd.telemetry.gc_stats import GcSampler
+from soakd.telemetry.host import HostSampler, MallocSampler, TracemallocSampler
+from soakd.telemetry.nvml import NvmlSampler
+from soakd.telemetry.scheduler import Sampler, SamplerScheduler
+from soakd.telemetry.series import SeriesStore
+from soakd.telemetry.torch_cuda import TorchCudaSampler, TorchCudaSnapshotSampler
+
+log = logging.getLogger("soakd.telemetry")
+
+BatchHook = Callable[[int, float, float, str], None]
+
+
+def cuda_devices(device: torch.device) -> list[int]:
+    """CUDA device indices the model uses (empty on CPU)."""
+    if device.type != "cuda":
+        return []
+    return [device.index if device.index is not None else torch.cuda.current_device()]
+
+
+def _gpu_uuids(devices: list[int]) -> list[str] | None:
+    """NVML-style UUIDs ("GPU-...") of the model's devices, to pick the GPUs for the leak series."""
+    if not devices:
+        return None
+    try:
+        return [f"GPU-{torch.cuda.get_device_properties(i).uuid}" for i in devices]
+    except (AttributeError, RuntimeError):  # older torch without .uuid
+        return None
+
+
+class Telemetry:
+    def __init__(self, cfg: Config, metrics: Metrics, series: SeriesStore, device: torch.device,
+                 *, resource_attributes: dict[str, Any] | None = None,
+                 extra_samplers: list[Sampler] | None = None) -> None:
+        mem = cfg.memory
+        self.cfg = cfg
+        self.metrics = metrics
+        self.series = series
+        self.scheduler = SamplerScheduler(metrics, sample_timeout=mem.sample_timeout)
+        devices = cuda_devices(device)
+        samplers: list[Sampler] = [
+            HostSampler(metrics, series),
+            MallocSampler(metrics, series),
+            GcSampler(metrics),
+            TorchCudaSampler(metrics, series, devices),
+            NvmlSampler(metrics, series, uuids=_gpu_uuids(devices)),
+        ]
+        if mem.tracemalloc:
+            samplers.append(TracemallocSampler(metrics))
+        samplers.extend(extra_samplers or [])
+        for s in samplers:
+            self.scheduler.add(s, mem.interval)
+        if mem.snapshot_interval is not None:
+            self.scheduler.add(TorchCudaSnapshotSampler(metrics, devices), mem.snapshot_interval)
+        self._resource_attributes: dict[str, Any] = {"soakd.device": str(device),
+                                                     **(resource_attributes or {})}
+        if devices:
+            self._resource_attributes["soakd.gpu.name"] = torch.cuda.get_device_name(devices[0])
+            uuids = _gpu_uuids(devices)
+            if uuids:
+                self._resource_attributes["soakd.gpu.uuid"] = uuids[0]
+        self.bridge: Any = None
+        self.tracer: Any = None
+        self.batch_hook: BatchHook | None = None
+
+    def start(self) -> None:
+        self.scheduler.start()
+        self._start_otlp()
+
+    def _start_otlp(self) -> None:
+        from soakd.telemetry.otlp import otlp_wanted
+
+        want_metrics, want_traces = otlp_wanted(self.cfg.otel.enabled)
+        if not (want_metrics or want_traces):
+            return
+        # Imported only when wanted: the exporters pull in requests and protobuf.
+        from soakd.telemetry.otlp import BatchTracer, RegistryBridge, build_resource
+
+        resource = build_resource(self._resource_attributes)
+        if want_metrics:
+            self.bridge = RegistryBridge(self.metrics.registry, resource, self.cfg.otel.export_interval)
+            self.bridge.start()
+            log.info("OTLP metrics push every %.0fs", self.cfg.otel.export_interval)
+        if want_traces and self.cfg.otel.trace_sample_ratio > 0:
+            self.tracer = BatchTracer(resource, self.cfg.otel.trace_sample_ratio)
+            self.batch_hook = self.tracer
+
+    def stop(self) -> None:
+        self.scheduler.shutdown()
+        if self.bridge is not None:
+            self.bridge.stop()
+            self.bridge = None
+        if self.tracer is not None:
+            self.tracer.shutdown()
+            self.tracer = None

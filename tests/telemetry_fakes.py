@@ -1,0 +1,150 @@
+"""Fake telemetry backends built from the recorded answers in tests/fixtures/."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def load_json(name: str) -> Any:
+    return json.loads((FIXTURES / name).read_text())
+
+
+class FakeCuda:
+    """torch.cuda's allocator readers, answering with a recorded memory_stats() dict."""
+
+    def __init__(self, stats: dict[str, int] | None = None, free_total: tuple[int, int] = (60 << 30, 80 << 30),
+                 snapshot: list[dict[str, Any]] | None = None, available: bool = True) -> None:
+        self.stats = dict(stats if stats is not None else load_json("torch_memory_stats.json"))
+        self.free_total = free_total
+        self.snapshot = snapshot if snapshot is not None else load_json("torch_memory_snapshot.json")
+        self.available = available
+        self.calls: list[str] = []
+
+    def is_available(self) -> bool:
+        return self.available
+
+    def memory_stats(self, device: int) -> dict[str, int]:
+        self.calls.append(f"memory_stats({device})")
+        return self.stats
+
+    def mem_get_info(self, device: int) -> tuple[int, int]:
+        return self.free_total
+
+    def memory_snapshot(self) -> list[dict[str, Any]]:
+        return self.snapshot
+
+
+class FakeNvml:
+    """The pynvml functions NvmlSampler calls, answering from nvml_answers.json and raising
+    pynvml's real NVMLError subclasses."""
+
+    NVMLError = pynvml.NVMLError
+
+    def __init__(self, pid: int, answers: dict[str, Any] | None = None, init_error: int | None = None,
+                 block: threading.Event | None = None) -> None:
+        self.answers = answers if answers is not None else load_json("nvml_answers.json")
+        self.pid = pid
+        self.init_error = init_error
+        self.block = block  # when set: nvmlDeviceGetMemoryInfo waits on it (a hung driver)
+        self.shutdown_calls = 0
+
+    def _gpu(self, handle: int) -> dict[str, Any]:
+        return dict(self.answers["gpus"][handle])
+
+    def _check(self, handle: int, key: str, code: int = pynvml.NVML_ERROR_NOT_SUPPORTED) -> dict[str, Any]:
+        g = self._gpu(handle)
+        if key in g["unsupported"]:
+            raise pynvml.NVMLError(code)
+        return g
+
+    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
+        if self.init_error is not None:
+            raise pynvml.NVMLError(self.init_error)
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        self.shutdown_calls += 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
+        return str(self.answers["driver_version"])
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        return len(self.answers["gpus"])
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:  # noqa: N802
+        return i
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:  # noqa: N802
+        return str(self._gpu(h)["uuid"])
+
+    def nvmlDeviceGetName(self, h: int) -> str:  # noqa: N802
+        return str(self._gpu(h)["name"])
+
+    def nvmlDeviceGetMemoryInfo(self, h: int, version: int | None = None) -> SimpleNamespace:  # noqa: N802
+        if self.block is not None:
+            self.block.wait()
+        if version:
+            g = self._check(h, "memory_v2", pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+            return SimpleNamespace(**g["memory_v2"])
+        return SimpleNamespace(**self._gpu(h)["memory"])
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[SimpleNamespace]:  # noqa: N802
+        return [SimpleNamespace(pid=self.pid if p["pid"] == "SELF" else p["pid"], usedGpuMemory=p["usedGpuMemory"])
+                for p in self._gpu(h)["processes"]]
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace:  # noqa: N802
+        return SimpleNamespace(**self._gpu(h)["utilization"])
+
+    def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:  # noqa: N802
+        assert clock == pynvml.NVML_CLOCK_SM
+        return int(self._gpu(h)["sm_clock_mhz"])
+
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:  # noqa: N802
+        return int(self._check(h, "power")["power_mw"])
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:  # noqa: N802
+        return int(self._gpu(h)["energy_mj"])
+
+    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:  # noqa: N802
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        return int(self._gpu(h)["temperature_c"])
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:  # noqa: N802
+        return int(self._check(h, "clock_event_reasons", pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)["clock_event_reasons"])
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: int) -> int:  # noqa: N802
+        return int(self._gpu(h)["clock_event_reasons"])
+
+
+def fake_proc(root: Path, open_fds: int = 5, rollup: bool = True) -> Path:
+    """A procfs tree from the recorded files in fixtures/proc, with ``open_fds`` entries in fd/."""
+    pid = root / "self"
+    (pid / "fd").mkdir(parents=True)
+    for name in ("stat", "statm"):
+        shutil.copy(FIXTURES / "proc" / name, pid / name)
+    if rollup:
+        shutil.copy(FIXTURES / "proc" / "smaps_rollup", pid / "smaps_rollup")
+    shutil.copy(FIXTURES / "proc" / "meminfo", root / "meminfo")
+    for i in range(open_fds):
+        (pid / "fd" / str(i)).touch()
+    return root
+
+
+def rollup_kb(field: str) -> int:
+    for line in (FIXTURES / "proc" / "smaps_rollup").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def clk_tck() -> int:
+    return os.sysconf("SC_CLK_TCK")
