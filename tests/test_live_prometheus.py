@@ -1,0 +1,206 @@
+"""The dashboards and rules against a real Prometheus scraping a real soakd.
+
+One session for the module: soakd (open loop, so schedule lag has data too) and Prometheus
+(scrape and rule evaluation every second, the repo's rule files loaded). Then every PromQL
+expression of every dashboard panel goes through Prometheus' HTTP API with Grafana's variables
+substituted, as Grafana would send it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, Daemon, free_port, wait_for
+
+PROMETHEUS = shutil.which("prometheus")
+pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="needs Prometheus (Debian package prometheus)")
+
+DASHBOARDS = sorted((REPO / "grafana" / "dashboards").glob("*.json"))
+# Panels on these metrics need a CUDA device / NVML: they may be empty on a CPU-only host.
+GPU_METRIC = re.compile(r"\bsoakd_(torch_cuda|gpu)_\w+")
+# How long non-GPU panels may take to get data (leak verdicts need warm-up plus a window).
+DATA_DEADLINE_S = 75.0
+
+
+@dataclass
+class Stack:
+    soakd: Daemon
+    prom_url: str
+    prom_proc: subprocess.Popen[bytes]
+    prom_log: Path
+    started: float
+
+    @property
+    def instance(self) -> str:
+        return f"127.0.0.1:{self.soakd.port}"
+
+    def api(self, path: str, **params: str) -> Any:
+        url = f"{self.prom_url}/api/v1/{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                return json.load(resp)
+        except urllib.error.HTTPError as exc:  # 400/422: bad query; the body says why
+            return json.load(exc)
+
+    def query(self, expr: str) -> Any:
+        return self.api("query", query=expr)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("live-prom")
+    soakd = Daemon(
+        ["--model", "builtin:noop", "--warmup", "2", "--rate", "200", "--arrival", "poisson",
+         "--memory-interval", "1s", "--leak-warmup", "5s", "--leak-window", "20s",
+         "--state-dir", str(tmp / "state")],
+        tmp,
+    )
+    prom_port = free_port()
+    config = tmp / "prometheus.yml"
+    config.write_text(json.dumps({  # JSON is YAML
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+        "rule_files": [str(REPO / "prometheus" / "rules" / "*.yml")],
+        "scrape_configs": [
+            {"job_name": "soakd", "static_configs": [{"targets": [f"127.0.0.1:{soakd.port}"]}]},
+        ],
+    }))
+    prom_log = tmp / "prometheus.log"
+    with prom_log.open("w") as log:
+        prom = subprocess.Popen(
+            [str(PROMETHEUS), f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
+             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+    s = Stack(soakd, f"http://127.0.0.1:{prom_port}", prom, prom_log, time.monotonic())
+    try:
+        soakd.wait_ready()
+
+        def prometheus_ready() -> bool:
+            if prom.poll() is not None:
+                raise AssertionError(f"prometheus exited ({prom.returncode}):\n{prom_log.read_text()}")
+            with urllib.request.urlopen(f"{s.prom_url}/-/ready", timeout=2) as resp:
+                return resp.status == 200
+
+        wait_for(prometheus_ready, 30, what="Prometheus to be ready")
+        wait_for(lambda: _values(s.query('up{job="soakd"} == 1')), 30, what="Prometheus to scrape soakd")
+        yield s
+    finally:
+        prom.terminate()
+        try:
+            prom.wait(20)
+        except subprocess.TimeoutExpired:
+            prom.kill()
+            prom.wait()
+        soakd.stop()
+
+
+def _values(resp: Any) -> list[float]:
+    """The sample values of an instant query's answer (vector or scalar)."""
+    assert resp.get("status") == "success", resp
+    data = resp["data"]
+    if data["resultType"] == "scalar":
+        return [float(data["result"][1])]
+    return [float(r["value"][1]) for r in data["result"]]
+
+
+def _has_data(resp: Any) -> bool:
+    return any(not math.isnan(v) for v in _values(resp))
+
+
+VAR = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)\]\]")
+
+
+def grafana_substitute(expr: str, values: dict[str, str]) -> str:
+    """Replace Grafana variables ($x, ${x}, ${x:fmt}, [[x]]) the way the dashboard is used."""
+    def repl(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(2) or m.group(3)
+        if name not in values:
+            raise AssertionError(f"unknown Grafana variable ${name} in {expr!r}")
+        return values[name]
+    return VAR.sub(repl, expr)
+
+
+def panel_queries() -> list[tuple[str, str, str]]:
+    """(dashboard title, panel title, expr) for every target of every panel."""
+    out = []
+    for path in DASHBOARDS:
+        d = json.loads(path.read_text())
+        for p in d["panels"]:
+            for t in p.get("targets", []):
+                out.append((d["title"], p["title"], t["expr"]))
+    return out
+
+
+def test_dashboards_were_found() -> None:
+    """There is something to check: both dashboards, with dozens of queries."""
+    assert {p.name for p in DASHBOARDS} >= {"soakd-overview.json", "soakd-memory.json"}
+    assert len(panel_queries()) > 40
+
+
+def test_every_panel_query_parses_and_non_gpu_panels_show_data(stack: Stack) -> None:
+    """Every dashboard query is valid PromQL; every one not on GPU metrics returns data from a live soak."""
+    values = {
+        "job": "soakd", "instance": stack.instance, "gpu": ".*", "stage": "e2e",
+        "__rate_interval": "20s", "__interval": "2s", "__range": "1m",
+    }
+    pending: dict[str, list[str]] = {}  # expr -> the panels that use it
+    gpu_empty: dict[str, list[str]] = {}
+    for dash, title, raw in panel_queries():
+        expr = grafana_substitute(raw, values)
+        resp = stack.query(expr)
+        assert resp.get("status") == "success", f"{dash} / {title}: {expr}\n{resp.get('error')}"
+        where = f"{dash} / {title}"
+        if GPU_METRIC.search(expr):
+            if not _has_data(resp):
+                gpu_empty.setdefault(expr, []).append(where)
+        elif not _has_data(resp):
+            pending.setdefault(expr, []).append(where)
+    # Rates, recording rules and leak verdicts need a few evaluations: poll the rest.
+    deadline = stack.started + DATA_DEADLINE_S
+    while pending and time.monotonic() < deadline:
+        time.sleep(2)
+        pending = {e: w for e, w in pending.items() if not _has_data(stack.query(e))}
+    assert not pending, "panels without data from a live soakd:\n" + "\n".join(
+        f"  {', '.join(sorted(set(w)))}: {e}" for e, w in pending.items()
+    )
+    assert stack.soakd.proc.poll() is None, stack.soakd.output()
+
+
+def test_every_rule_loads_and_evaluates_healthy(stack: Stack) -> None:
+    """Prometheus loads every recording and alerting rule in prometheus/rules and evaluates each cleanly."""
+    expected = 0
+    for path in (REPO / "prometheus" / "rules").glob("*.yml"):
+        expected += len(re.findall(r"^\s*- (record|alert):", path.read_text(), flags=re.M))
+
+    def all_evaluated() -> list[dict[str, Any]]:
+        rules = [r for g in stack.api("rules")["data"]["groups"] for r in g["rules"]]
+        return rules if rules and all(r.get("lastEvaluation", "").startswith("2") and
+                                      not r["lastEvaluation"].startswith("0001") for r in rules) else []
+
+    rules = wait_for(all_evaluated, 30, what="every rule to be evaluated")
+    assert len(rules) == expected
+    unhealthy = {r["name"]: r.get("lastError") for r in rules if r["health"] != "ok"}
+    assert not unhealthy, unhealthy
+
+
+def test_healthy_soak_pages_nobody(stack: Stack) -> None:
+    """A healthy soak on this host trips no alert that pages (severity critical)."""
+    alerts = stack.api("alerts")["data"]["alerts"]
+    critical = [a for a in alerts if a["labels"].get("severity") == "critical"]
+    assert not critical, critical
