@@ -1,0 +1,149 @@
+"""``soakd analyze``: judge recorded memory traces (CSV ``timestamp_seconds,bytes``) offline.
+
+Each trace is replayed through the live detector with its persistence, so the verdict is the
+one ``soakd run`` would have reached at the end of the trace. No torch here: the command
+starts fast and judges hundreds of files in one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from soakd.analysis.detector import DetectorParams, Replay, floor_for, replay
+from soakd.telemetry.catalogue import LEAK_SERIES
+
+HEADER = ("timestamp_seconds", "bytes")
+EXIT_OK, EXIT_USAGE = 0, 2
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class TraceData:
+    path: Path
+    t: np.ndarray
+    v: np.ndarray
+
+
+def read_trace(path: Path) -> TraceData:
+    """Read ``timestamp_seconds,bytes`` rows; raises TraceError naming the file and line."""
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as fh:
+            lines = fh.read().splitlines()
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise TraceError(f"{path}: is a directory, expected a CSV file") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}: not a text CSV file") from None
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
+    if not lines or tuple(c.strip() for c in lines[0].split(",")) != HEADER:
+        got = lines[0][:80] if lines else "an empty file"
+        raise TraceError(f"{path}:1: expected the header {','.join(HEADER)!r}, got {got!r}")
+    t = np.empty(len(lines) - 1)
+    v = np.empty(len(lines) - 1)
+    n = 0
+    prev = -math.inf
+    for lineno, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        cells = line.split(",")
+        if len(cells) != 2:
+            raise TraceError(f"{path}:{lineno}: expected 2 columns ({','.join(HEADER)}), "
+                             f"got {len(cells)}: {line[:80]!r}")
+        try:
+            ts, val = float(cells[0]), float(cells[1])
+        except ValueError:
+            raise TraceError(f"{path}:{lineno}: not a number: {line[:80]!r}") from None
+        if not (math.isfinite(ts) and math.isfinite(val)):
+            raise TraceError(f"{path}:{lineno}: not a finite number: {line[:80]!r}")
+        if ts < prev:
+            raise TraceError(f"{path}:{lineno}: timestamp {ts} goes back in time (previous {prev})")
+        prev = ts
+        t[n], v[n] = ts, val
+        n += 1
+    return TraceData(path, t[:n], v[:n])
+
+
+def _num(x: float | None, digits: int | None = None) -> float | None:
+    if x is None or not math.isfinite(x):
+        return None
+    return round(x, digits) if digits is not None else float(x)
+
+
+def judge_trace(
+    trace: TraceData, params: DetectorParams, table: dict[str, float], step: float
+) -> dict[str, Any]:
+    """The verdict for one trace as a JSON-ready dict."""
+    series = trace.path.stem if trace.path.stem in LEAK_SERIES else "default"
+    r: Replay = replay(trace.t, trace.v, params, floor_for(series, table), step=step)
+    j = r.final
+    judged = math.isfinite(j.slope_bytes_per_hour)
+    return {
+        "file": str(trace.path),
+        "leak_suspected": r.suspected,
+        "slope_bytes_per_hour": _num(j.slope_bytes_per_hour, 1),
+        "p_value": _num(j.p_value) if judged else None,
+        "first_suspected_seconds": _num(r.first_suspected_at, 1),
+        "samples": int(trace.t.size),
+        "duration_seconds": _num(float(trace.t[-1] - trace.t[0]), 1) if trace.t.size else 0.0,
+        "reason": j.reason if judged or trace.t.size else "no data",
+    }
+
+
+def _leak_config(ns: argparse.Namespace) -> Any:
+    """``[leak]`` from --config with --leak-warmup / --leak-window on top (no model checks)."""
+    from soakd.config import load_config
+
+    keys = ("leak.warmup", "leak.window")
+    overrides = {k: getattr(ns, k) for k in keys if getattr(ns, k, None) is not None}
+    return load_config(getattr(ns, "config", None), overrides).leak
+
+
+def _table_row(r: dict[str, Any], width: int) -> str:
+    slope = r["slope_bytes_per_hour"]
+    slope_s = "-" if slope is None else f"{slope / 2**20:+.2f}"
+    p = r["p_value"]
+    first = r["first_suspected_seconds"]
+    verdict = "LEAK" if r["leak_suspected"] else "ok"
+    return (f"{r['file']:<{width}}  {verdict:<5}{slope_s:>12}{('-' if p is None else f'{p:.2g}'):>10}"
+            f"{('-' if first is None else f'{first / 3600:.2f} h'):>12}  {r['reason']}")
+
+
+def analyze_command(ns: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    leak = _leak_config(ns)
+    params = DetectorParams.from_config(leak)
+    # Live evaluation runs every evaluate_interval; replaying at a third of the persistence
+    # (and no finer than the envelope's points) reaches the same verdicts in far fewer steps.
+    step = max(leak.evaluate_interval, leak.bin, leak.persistence / 3)
+    table = dict(leak.min_slope_bytes_per_hour)
+    width = min(60, max((len(f) for f in ns.files), default=4))
+    failed = 0
+    if not ns.json:
+        print(f"{'file':<{width}}  {'verdict':<5}{'MiB/h':>12}{'p':>10}{'suspected':>12}  reason", file=out)
+    for name in ns.files:
+        try:
+            trace = read_trace(Path(name))
+        except TraceError as exc:
+            print(f"soakd analyze: error: {exc}", file=err)
+            failed += 1
+            continue
+        result = judge_trace(trace, params, table, step)
+        if ns.json:
+            print(json.dumps(result), file=out)
+        else:
+            print(_table_row(result, width), file=out)
+    return EXIT_USAGE if failed else EXIT_OK
