@@ -1,0 +1,62 @@
+"""The report as Markdown: the HTML report's content as tables (no plots)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from soakd.report import sections
+from soakd.report.document import ReportDoc
+
+
+def cell(text: str) -> str:
+    # A pipe ends a cell and a newline ends the row; neither may come from the data.
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render_markdown(doc: ReportDoc) -> str:
+    data = doc.data
+    run_id = data.get("run_id") or (data.get("run") or {}).get("run_id", "")
+    out = [f"# soakd report: run {cell(str(run_id))}", "", f"## {sections.verdict_title(data)}", ""]
+    slo = sections.slo_rows(data)
+    if slo:
+        out += [table(["result", "check", "observed", "limit"], slo), ""]
+    out += [sections.leak_line(data), "", "## Overview", "",
+            table(["", ""], sections.overview_rows(data)), ""]
+    out += ["## Latency percentiles (ms)", "",
+            table(["stage", *sections.QUANTILE_COLUMNS], sections.latency_rows(data)), ""]
+    windows = data.get("windows") or []
+    if windows:
+        stages = sections.stages(data)
+        rows = [[f"{w['t']:.0f}", f"{w['throughput_rps']:.1f}", str(w["errors"]),
+                 *(str(w["latency_ms"].get(s, {}).get("p99", "-")) for s in stages)] for w in windows]
+        out += ["## Throughput and p99 per window", "",
+                table(["t (s)", "req/s", "errors", *(f"p99 {s} ms" for s in stages)], rows), ""]
+    buckets = (data.get("batch_size") or {}).get("buckets")
+    out += ["## Batch sizes", ""]
+    if buckets:
+        rows = [[f"<= {b['le']:g}", str(b["count"])] for b in buckets]
+        out += [table(["requests per batch", "batches"], rows), ""]
+    batch = sections.batch_rows(data)
+    out += [table(["batch size", "value"], batch) if batch else "No batch data stored.", ""]
+    shapes = sections.shape_rows(data)
+    if shapes:
+        out += ["### Input shapes seen", "", table(["shape", "requests"], shapes), ""]
+    memory = sections.memory_rows(data)
+    header = ["series", "first MiB", "last MiB", "min MiB", "max MiB", "trend MiB/h", "leak slope MiB/h",
+              "verdict"]
+    out += ["## Memory", "", table(header, memory) if memory else "No memory samples recorded.", ""]
+    events = sections.event_rows(data)
+    out += ["## Events", "",
+            table(["time", "segment", "kind", "detail"], events) if events else "No events recorded.", ""]
+    if data.get("segments"):
+        out += ["## Segments", "", table(["id", "started", "ended", "seconds", "end", "requests"],
+                                         sections.segment_rows(data)), ""]
+    out += ["## Fingerprint", "", table(["", ""], sections.fingerprint_rows(data)), "", "### Config", "",
+            "```json", sections.config_text(data).replace("```", "'''"), "```", ""]
+    return "\n".join(out)

@@ -1,0 +1,69 @@
+"""Memory series in a summary or report: range, robust trend and the leak verdict per series.
+
+The verdict is the live leak monitor's when it has one (it applies persistence over many
+judgements); otherwise one judgement by the same detector over the recorded samples. A series
+the detector cannot judge yet (warm-up, too few samples) has ``leak_suspected`` None.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from scipy.stats import theilslopes
+
+from soakd.analysis.detector import DetectorParams, floor_for, judge
+from soakd.config import LeakConfig
+
+Array = npt.NDArray[np.float64]
+TREND_POINTS = 1000  # Theil-Sen is quadratic in points; an even subsample keeps it well under a second
+
+
+def _finite(v: float | None) -> float | None:
+    return None if v is None or not math.isfinite(v) else float(v)
+
+
+def trend_line(t: Array, v: Array) -> tuple[float, float] | None:
+    """Theil-Sen (slope per second, intercept) of ``v`` over ``t``; None with under 3 points."""
+    if t.size < 3:
+        return None
+    idx = np.unique(np.linspace(0, t.size - 1, min(t.size, TREND_POINTS)).astype(np.int64))
+    res = theilslopes(v[idx], t[idx])
+    return float(res.slope), float(res.intercept)
+
+
+def series_summary(name: str, t: Array, v: Array, leak: LeakConfig,
+                   live: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"samples": int(t.size)}
+    if t.size == 0:
+        return {**out, "leak_suspected": None, "verdict": "no data"}
+    out.update(first=float(v[0]), last=float(v[-1]), min=float(v.min()), max=float(v.max()),
+               seconds=round(float(t[-1] - t[0]), 3))
+    line = trend_line(t, v)
+    out["trend_bytes_per_hour"] = None if line is None else round(line[0] * 3600.0, 3)
+    if live is not None and live.get("suspected") is not None:
+        suspected = bool(live["suspected"])
+        out.update(leak_suspected=suspected, slope_bytes_per_hour=_finite(live.get("slope_bytes_per_hour")),
+                   p_value=_finite(live.get("p_value")), verdict_source="leak monitor",
+                   verdict="leak suspected" if suspected else "no leak")
+        return out
+    j = judge(t, v, DetectorParams.from_config(leak), floor_for(name, leak.min_slope_bytes_per_hour))
+    judged = math.isfinite(j.slope_bytes_per_hour)
+    prefix = "leak suspected: " if j.positive else "no leak: " if judged else "not judged: "
+    out.update(leak_suspected=j.positive if judged else None,
+               slope_bytes_per_hour=_finite(j.slope_bytes_per_hour),
+               p_value=_finite(j.p_value) if judged else None,
+               verdict_source="detector on recorded samples", verdict=prefix + j.reason)
+    return out
+
+
+def memory_block(samples: Mapping[str, tuple[Array, Array]], leak: LeakConfig,
+                 live: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """``{series: summary}`` for every series with samples (``t`` unix seconds, ``v`` bytes)."""
+    live = live or {}
+    return {name: series_summary(name, np.asarray(t, dtype=np.float64), np.asarray(v, dtype=np.float64),
+                                 leak, live.get(name))
+            for name, (t, v) in sorted(samples.items())}

@@ -1,0 +1,147 @@
+"""Report plots: matplotlib (Agg) figures as inline SVG text, no external resources.
+
+Each function returns an ``<svg>`` element ready to paste into HTML: the XML prolog and DOCTYPE
+are stripped, text stays text (``svg.fonttype = none``), and a run-independent hash salt keeps
+the output reproducible.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: no display, no GUI toolkit
+
+import matplotlib.pyplot as plt
+import numpy as np
+import numpy.typing as npt
+from matplotlib.figure import Figure
+
+from soakd.report.memory import trend_line
+from soakd.report.windows import series
+from soakd.telemetry.histogram import HistSnapshot
+
+MAX_POINTS = 2000  # per plotted line; beyond this a plot is slower to draw and no clearer
+STYLE: Any = {  # Any: matplotlib types rc keys as a Literal union
+    "svg.fonttype": "none", "svg.hashsalt": "soakd", "font.family": "sans-serif", "font.size": 9,
+    "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False}
+_PROLOG = re.compile(r"^.*?(?=<svg)", re.DOTALL)
+_METADATA = re.compile(r"<metadata>.*?</metadata>\s*", re.DOTALL)
+STAGE_COLOURS = {"e2e": "#1f77b4", "queue": "#ff7f0e", "inference": "#2ca02c", "preprocess": "#9467bd",
+                 "postprocess": "#8c564b"}
+NINES = (0.5, 0.75, 0.9, 0.95, 0.99, 0.995, 0.999, 0.9995, 0.9999)
+
+
+def _svg(fig: Figure) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    text = _METADATA.sub("", _PROLOG.sub("", buf.getvalue(), count=1))
+    return text.strip()
+
+
+def _figure(height: float = 2.8) -> tuple[Figure, Any]:
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(8.0, height))
+    return fig, ax
+
+
+def _thin(x: npt.NDArray[np.float64], *ys: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.float64], ...]:
+    if x.size <= MAX_POINTS:
+        return (x, *ys)
+    idx = np.unique(np.linspace(0, x.size - 1, MAX_POINTS).astype(np.int64))
+    return (x[idx], *(y[idx] for y in ys))
+
+
+def _minutes(rows: Sequence[dict[str, Any]]) -> npt.NDArray[np.float64]:
+    return np.asarray([r["t"] / 60.0 for r in rows], dtype=np.float64)
+
+
+def throughput_plot(rows: Sequence[dict[str, Any]]) -> str:
+    with plt.rc_context(STYLE):
+        fig, ax = _figure(2.4)
+        x = _minutes(rows)
+        ax.plot(x, series(list(rows), "throughput_rps"), marker="." if len(rows) < 60 else None, lw=1.2)
+        errs = np.asarray([r["errors"] / r["seconds"] if r["seconds"] else 0.0 for r in rows])
+        if errs.any():
+            ax.plot(x, errs, color="#d62728", lw=1.0, label="errors/s")
+            ax.legend(loc="best", fontsize=8)
+        ax.set_xlabel("minutes since start")
+        ax.set_ylabel("requests/s (ok)")
+        ax.set_ylim(bottom=0)
+        return _svg(fig)
+
+
+def latency_over_time_plot(rows: Sequence[dict[str, Any]], stages: Sequence[str]) -> str:
+    with plt.rc_context(STYLE):
+        fig, ax = _figure(3.2)
+        x = _minutes(rows)
+        marker = "." if len(rows) < 60 else None
+        for stage in stages:
+            colour = STAGE_COLOURS.get(stage)
+            ax.plot(x, series(list(rows), "p99", stage), color=colour, lw=1.3, marker=marker,
+                    label=f"{stage} p99")
+            ax.plot(x, series(list(rows), "p50", stage), color=colour, lw=0.9, ls="--",
+                    label=f"{stage} p50")
+        ax.set_yscale("log")
+        ax.set_xlabel("minutes since start")
+        ax.set_ylabel("latency (ms)")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+        return _svg(fig)
+
+
+def latency_distribution_plot(hists: dict[str, HistSnapshot]) -> str:
+    """Percentile curves on a 'nines' axis: the tail is where soaks differ."""
+    with plt.rc_context(STYLE):
+        fig, ax = _figure(3.0)
+        x = -np.log10(1 - np.asarray(NINES))
+        for stage, h in hists.items():
+            if not h.count:
+                continue
+            y = [h.percentile(q) * 1e3 for q in NINES]
+            ax.plot(x, y, marker="o", ms=3, color=STAGE_COLOURS.get(stage), label=stage)
+        ax.set_xticks(x, [f"p{q * 100:g}" for q in NINES])
+        ax.set_yscale("log")
+        ax.set_xlabel("percentile")
+        ax.set_ylabel("latency (ms)")
+        ax.legend(loc="upper left", fontsize=8)
+        return _svg(fig)
+
+
+def batch_size_plot(buckets: Sequence[dict[str, Any]]) -> str:
+    """Batches per size bucket (``{"le": upper bound, "count": batches}``)."""
+    with plt.rc_context(STYLE):
+        fig, ax = _figure(2.4)
+        labels = [f"≤{b['le']:g}" for b in buckets]
+        ax.bar(range(len(buckets)), [b["count"] for b in buckets], color="#1f77b4")
+        ax.set_xticks(range(len(buckets)), labels)
+        ax.set_xlabel("requests per batch")
+        ax.set_ylabel("batches")
+        return _svg(fig)
+
+
+def memory_plot(name: str, t: npt.NDArray[np.float64], v: npt.NDArray[np.float64], t0: float) -> str:
+    """A memory series in MiB with its Theil-Sen trend line."""
+    with plt.rc_context(STYLE):
+        fig, ax = _figure(2.2)
+        mib = float(1 << 20)
+        xs, ys = _thin((t - t0) / 60.0, v / mib)
+        ax.plot(xs, ys, lw=1.0, color="#1f77b4", label=name)
+        line = trend_line(t, v)
+        if line is not None and t.size:
+            slope, intercept = line
+            ends = np.asarray([t[0], t[-1]])
+            rate = slope * 3600.0 / mib
+            ax.plot((ends - t0) / 60.0, (slope * ends + intercept) / mib, color="#d62728", lw=1.2, ls="--",
+                    label=f"trend {rate:+.3g} MiB/h")
+        ax.set_xlabel("minutes since start")
+        ax.set_ylabel("MiB")
+        if not math.isclose(float(np.nanmax(ys)), float(np.nanmin(ys))):
+            ax.ticklabel_format(axis="y", useOffset=False)
+        ax.legend(loc="best", fontsize=8)
+        return _svg(fig)

@@ -1,0 +1,141 @@
+"""What a report says, as plain rows: shared by the HTML and Markdown renderers so both show
+the same content (the HTML adds the plots)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from soakd.report.slo import format_limit, format_observed
+
+STAGE_ORDER = ("e2e", "queue", "inference", "preprocess", "postprocess")
+QUANTILE_COLUMNS = ("p50", "p90", "p99", "p999", "max", "mean", "count")
+FINGERPRINT_ROWS = (
+    ("run id", "run_id"), ("started", "started_at"), ("model", "model"), ("model sha256", "model_sha256"),
+    ("input", "input"), ("device", "device"), ("device name", "device_name"), ("CPU", "cpu_model"),
+    ("host", "host"), ("soakd", "soakd_version"), ("torch", "torch_version"), ("CUDA", "cuda_version"),
+    ("cuDNN", "cudnn_version"), ("NVIDIA driver", "driver_version"), ("Python", "python_version"),
+)
+MIB = float(1 << 20)
+
+
+def _num(v: Any, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def verdict_title(data: dict[str, Any]) -> str:
+    slo = data.get("slo") or {}
+    if not slo.get("checks"):
+        return "Verdict: no SLOs configured"
+    if slo.get("passed"):
+        return "Verdict: SLOs met"
+    return "Verdict: SLOs MISSED (" + ", ".join(slo["failed"]) + ")"
+
+
+def leak_line(data: dict[str, Any]) -> str:
+    memory: dict[str, dict[str, Any]] = data.get("memory") or {}
+    suspected = [s for s, m in memory.items() if m.get("leak_suspected")]
+    judged = [s for s, m in memory.items() if m.get("leak_suspected") is not None]
+    if suspected:
+        return "Leak suspected: " + ", ".join(suspected)
+    if judged:
+        return f"No leak suspected ({len(judged)} of {len(memory)} memory series judged)"
+    return "No leak verdict yet (no memory series could be judged: run too short or still warming up)"
+
+
+def slo_rows(data: dict[str, Any]) -> list[list[str]]:
+    return [[c["status"], c["name"], format_observed(c), format_limit(c)]
+            for c in (data.get("slo") or {}).get("checks", [])]
+
+
+def overview_rows(data: dict[str, Any]) -> list[list[str]]:
+    req: dict[str, int] = data.get("requests") or {}
+    rows = [
+        ["throughput", f"{_num(data.get('throughput_rps'))} req/s"],
+        ["duration", f"{_num(data.get('duration_seconds'), 1)} s"],
+        ["requests", ", ".join(f"{k} {v}" for k, v in req.items() if v) or "none"],
+    ]
+    if "segments" in data:
+        rows.append(["segments", f"{len(data['segments'])} ({data.get('restarts', 0)} restarts, "
+                                 f"{data.get('unclean_exits', 0)} unclean exits)"])
+        rows.append(["finished", _num(data.get("finished"))])
+    if "offered_rps" in data:
+        rows.append(["offered load", f"{_num(data['offered_rps'])} req/s"])
+    lag = data.get("schedule_lag_ms")
+    if lag:
+        rows.append(["schedule lag", f"p50 {_num(lag.get('p50'))} ms, p99 {_num(lag.get('p99'))} ms, "
+                                     f"max {_num(lag.get('max'))} ms"])
+    cold = data.get("cold_start")
+    if cold:
+        rows.append(["cold start", ", ".join(f"{k} {v}" for k, v in cold.items())])
+    return rows
+
+
+def stages(data: dict[str, Any]) -> list[str]:
+    lat: dict[str, Any] = data.get("latency_ms") or {}
+    return [s for s in STAGE_ORDER if s in lat] + sorted(s for s in lat if s not in STAGE_ORDER)
+
+
+def latency_rows(data: dict[str, Any]) -> list[list[str]]:
+    lat: dict[str, dict[str, Any]] = data.get("latency_ms") or {}
+    return [[s, *(_num(lat[s].get(k)) for k in QUANTILE_COLUMNS)] for s in stages(data)]
+
+
+def batch_rows(data: dict[str, Any]) -> list[list[str]]:
+    b: dict[str, Any] = data.get("batch_size") or {}
+    return [[k, _num(b[k])] for k in ("batches", "mean", "p50", "p99", "max") if k in b]
+
+
+def shape_rows(data: dict[str, Any]) -> list[list[str]]:
+    seen = data.get("input_shapes_seen")
+    if isinstance(seen, int):
+        return [["distinct input shapes", str(seen)]]
+    if isinstance(seen, dict):
+        return [[str(k), str(v)] for k, v in seen.items()]
+    if isinstance(seen, list):
+        return [[str(x), ""] for x in seen]
+    return []
+
+
+def memory_rows(data: dict[str, Any]) -> list[list[str]]:
+    out = []
+    for name, m in (data.get("memory") or {}).items():
+        def mib(v: Any) -> str:
+            return "-" if v is None else f"{v / MIB:.1f}"
+
+        slope = m.get("slope_bytes_per_hour")
+        trend = m.get("trend_bytes_per_hour")
+        out.append([name, mib(m.get("first")), mib(m.get("last")), mib(m.get("min")), mib(m.get("max")),
+                    "-" if trend is None else f"{trend / MIB:+.3f}",
+                    "-" if slope is None else f"{slope / MIB:+.3f}", str(m.get("verdict", "-"))])
+    return out
+
+
+def event_rows(data: dict[str, Any]) -> list[list[str]]:
+    return [[str(e.get("t")), str(e.get("segment")), str(e.get("kind")), str(e.get("detail"))]
+            for e in data.get("events") or []]
+
+
+def segment_rows(data: dict[str, Any]) -> list[list[str]]:
+    return [[str(s["id"]), str(s.get("started_at")), str(s.get("ended_at") or "-"),
+             _num(s.get("duration_seconds"), 1), str(s.get("end")),
+             ", ".join(f"{k} {v}" for k, v in (s.get("requests") or {}).items() if v)]
+            for s in data.get("segments") or []]
+
+
+def fingerprint_rows(data: dict[str, Any]) -> list[list[str]]:
+    run: dict[str, Any] = data.get("run") or {}
+    rows = [[label, _num(run.get(key))] for label, key in FINGERPRINT_ROWS]
+    env: dict[str, str] = run.get("allocator_env") or {}
+    rows.append(["allocator env", ", ".join(f"{k}={v}" for k, v in env.items()) or "(none set)"])
+    return rows
+
+
+def config_text(data: dict[str, Any]) -> str:
+    return json.dumps((data.get("run") or {}).get("config") or {}, indent=2, default=str)

@@ -1,0 +1,105 @@
+"""SLO checks on a summary (or a report): each check's name, limit, observed value and result.
+
+A check passes, fails, or cannot be judged (``passed`` None: e.g. no leak verdict yet for a
+series). Only a failed check fails the gate: an unjudged one is shown, not counted, because
+the ``min_duration`` check is what guards a run that was too short to judge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, TextIO
+
+from soakd.config import SloConfig
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    limit: float | None
+    observed: float | str | None
+    op: str  # how observed must compare with limit: "<=", ">=", "no leak"
+    unit: str
+    passed: bool | None
+
+    @property
+    def status(self) -> str:
+        return {True: "pass", False: "FAIL", None: "n/a"}[self.passed]
+
+
+def _le(observed: float | None, limit: float) -> bool | None:
+    return None if observed is None else observed <= limit
+
+
+def error_ratio(requests: dict[str, int]) -> float | None:
+    """Share of requests that did not end ok (errors, timeouts, OOMs, bad input, dropped)."""
+    total = sum(requests.values())
+    return None if total == 0 else (total - requests.get("ok", 0)) / total
+
+
+def check_slos(slo: SloConfig, summary: dict[str, Any]) -> list[Check]:
+    checks: list[Check] = []
+    latency: dict[str, dict[str, Any]] = summary.get("latency_ms", {})
+    limits = {"e2e": slo.p99_ms} if slo.p99_ms is not None else {}
+    limits.update(slo.stage_p99_ms)  # a per-stage e2e limit is the more specific one
+    for stage, limit in limits.items():
+        observed = latency.get(stage, {}).get("p99")
+        checks.append(Check(f"p99 {stage}", limit, observed, "<=", "ms", _le(observed, limit)))
+    if slo.max_error_ratio is not None:
+        ratio = error_ratio(summary.get("requests", {}))
+        checks.append(Check("error ratio", slo.max_error_ratio, ratio, "<=", "",
+                            _le(ratio, slo.max_error_ratio)))
+    if slo.min_throughput_rps is not None:
+        rps = summary.get("throughput_rps")
+        checks.append(Check("throughput", slo.min_throughput_rps, rps, ">=", "req/s",
+                            None if rps is None else rps >= slo.min_throughput_rps))
+    if slo.min_duration is not None:
+        dur = summary.get("run_duration_seconds", summary.get("duration_seconds"))
+        checks.append(Check("duration", slo.min_duration, dur, ">=", "s",
+                            None if dur is None else dur >= slo.min_duration))
+    memory: dict[str, dict[str, Any]] = summary.get("memory", {})
+    for series in slo.no_leak:
+        suspected = memory.get(series, {}).get("leak_suspected")
+        observed = {True: "leak suspected", False: "no leak", None: "no verdict"}[suspected]
+        checks.append(Check(f"no leak {series}", None, observed, "no leak", "",
+                            None if suspected is None else not suspected))
+    return checks
+
+
+def slo_block(slo: SloConfig, summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary's ``slo`` key: overall result and every check."""
+    checks = check_slos(slo, summary)
+    return {
+        "passed": all(c.passed is not False for c in checks),
+        "failed": [c.name for c in checks if c.passed is False],
+        "checks": [{**asdict(c), "status": c.status} for c in checks],
+    }
+
+
+def format_observed(check: dict[str, Any]) -> str:
+    v = check.get("observed")
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        text = f"{v:.4g}" if check.get("unit") == "" else f"{v:.2f}"
+        return f"{text} {check.get('unit', '')}".strip()
+    return str(v)
+
+
+def format_limit(check: dict[str, Any]) -> str:
+    if check.get("limit") is None:
+        return str(check.get("op", ""))
+    return f"{check['op']} {check['limit']:g} {check.get('unit', '')}".strip()
+
+
+def print_verdict(block: dict[str, Any], out: TextIO) -> None:
+    """``SLO pass/FAIL`` lines for the end of a run."""
+    checks = block.get("checks", [])
+    if not checks:
+        print("SLO: none configured ([slo] in --config)", file=out)
+        return
+    for c in checks:
+        print(f"SLO {c['status']:<4} {c['name']:<28} observed {format_observed(c):<18} "
+              f"limit {format_limit(c)}", file=out)
+    verdict = "met" if block["passed"] else f"MISSED ({', '.join(block['failed'])})"
+    print(f"SLO verdict: {verdict}", file=out)
