@@ -22,7 +22,8 @@ def load_json(name: str) -> Any:
 class FakeCuda:
     """torch.cuda's allocator readers, answering with a recorded memory_stats() dict."""
 
-    def __init__(self, stats: dict[str, int] | None = None, free_total: tuple[int, int] = (60 << 30, 80 << 30),
+    def __init__(self, stats: dict[str, int] | None = None,
+                 free_total: tuple[int, int] = (60 << 30, 80 << 30),
                  snapshot: list[dict[str, Any]] | None = None, available: bool = True) -> None:
         self.stats = dict(stats if stats is not None else load_json("torch_memory_stats.json"))
         self.free_total = free_total
@@ -67,29 +68,29 @@ class FakeNvml:
             raise pynvml.NVMLError(code)
         return g
 
-    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
+    def nvmlInit(self) -> None:
         if self.init_error is not None:
             raise pynvml.NVMLError(self.init_error)
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
+    def nvmlShutdown(self) -> None:
         self.shutdown_calls += 1
 
-    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
+    def nvmlSystemGetDriverVersion(self) -> str:
         return str(self.answers["driver_version"])
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         return len(self.answers["gpus"])
 
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
         return i
 
-    def nvmlDeviceGetUUID(self, h: int) -> str:  # noqa: N802
+    def nvmlDeviceGetUUID(self, h: int) -> str:
         return str(self._gpu(h)["uuid"])
 
-    def nvmlDeviceGetName(self, h: int) -> str:  # noqa: N802
+    def nvmlDeviceGetName(self, h: int) -> str:
         return str(self._gpu(h)["name"])
 
-    def nvmlDeviceGetMemoryInfo(self, h: int, version: int | None = None) -> SimpleNamespace:  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, h: int, version: int | None = None) -> SimpleNamespace:
         if self.block is not None:
             self.block.wait()
         if version:
@@ -97,31 +98,32 @@ class FakeNvml:
             return SimpleNamespace(**g["memory_v2"])
         return SimpleNamespace(**self._gpu(h)["memory"])
 
-    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[SimpleNamespace]:  # noqa: N802
-        return [SimpleNamespace(pid=self.pid if p["pid"] == "SELF" else p["pid"], usedGpuMemory=p["usedGpuMemory"])
-                for p in self._gpu(h)["processes"]]
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[SimpleNamespace]:
+        return [SimpleNamespace(pid=self.pid if p["pid"] == "SELF" else p["pid"],
+                                usedGpuMemory=p["usedGpuMemory"]) for p in self._gpu(h)["processes"]]
 
-    def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace:  # noqa: N802
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace:
         return SimpleNamespace(**self._gpu(h)["utilization"])
 
-    def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:  # noqa: N802
+    def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:
         assert clock == pynvml.NVML_CLOCK_SM
         return int(self._gpu(h)["sm_clock_mhz"])
 
-    def nvmlDeviceGetPowerUsage(self, h: int) -> int:  # noqa: N802
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
         return int(self._check(h, "power")["power_mw"])
 
-    def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:  # noqa: N802
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:
         return int(self._gpu(h)["energy_mj"])
 
-    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:  # noqa: N802
+    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
         assert sensor == pynvml.NVML_TEMPERATURE_GPU
         return int(self._gpu(h)["temperature_c"])
 
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:  # noqa: N802
-        return int(self._check(h, "clock_event_reasons", pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)["clock_event_reasons"])
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
+        g = self._check(h, "clock_event_reasons", pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return int(g["clock_event_reasons"])
 
-    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: int) -> int:  # noqa: N802
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: int) -> int:
         return int(self._gpu(h)["clock_event_reasons"])
 
 

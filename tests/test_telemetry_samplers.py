@@ -16,7 +16,7 @@ from telemetry_fakes import FakeCuda, FakeNvml, clk_tck, fake_proc, load_json, r
 
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.gc_stats import GcSampler
-from soakd.telemetry.host import HostSampler, MallInfo2, MallocSampler, ProcFS, glibc_mallinfo2
+from soakd.telemetry.host import HostSampler, MallInfo2, MallocSampler, ProcFS, UssSampler, glibc_mallinfo2
 from soakd.telemetry.nvml import NvmlSampler, clock_event_reasons
 from soakd.telemetry.scheduler import SourceUnavailable
 from soakd.telemetry.series import SeriesStore
@@ -33,11 +33,16 @@ def value(metrics: Metrics, name: str, **labels: str) -> float | None:
 
 
 def test_host_reads_rss_uss_cpu_threads_fds_from_proc_tree(tmp_path: Path) -> None:
-    """RSS and USS come from smaps_rollup, CPU and threads from stat, fds from fd/, available from meminfo."""
+    """RSS from statm, USS from smaps_rollup, CPU and threads from stat, fds from fd/, available
+    from meminfo (files recorded from one real process at one moment)."""
     m, series = Metrics(), SeriesStore(100)
-    sampler = HostSampler(m, series, ProcFS(fake_proc(tmp_path, open_fds=7)), clock=lambda: 1000.0)
-    sampler.open()
-    sampler.sample()
+    proc = ProcFS(fake_proc(tmp_path, open_fds=7))
+    sampler = HostSampler(m, series, proc, clock=lambda: 1000.0)
+    uss_sampler = UssSampler(m, series, proc, clock=lambda: 1000.0)
+    for s in (sampler, uss_sampler):
+        s.open()
+        s.sample()
+    # statm's resident pages and smaps_rollup's Rss were recorded together and agree.
     assert value(m, "soakd_process_resident_memory_bytes") == rollup_kb("Rss") * 1024
     uss = (rollup_kb("Private_Clean") + rollup_kb("Private_Dirty") + rollup_kb("Private_Hugetlb")) * 1024
     assert value(m, "soakd_process_unique_memory_bytes") == uss
@@ -51,13 +56,15 @@ def test_host_reads_rss_uss_cpu_threads_fds_from_proc_tree(tmp_path: Path) -> No
     assert list(series.read("host_uss")[1]) == [uss]
 
 
-def test_host_without_smaps_rollup_falls_back_to_statm_rss(tmp_path: Path) -> None:
-    """An old kernel without smaps_rollup still gives RSS (statm); USS is not invented."""
+def test_host_without_smaps_rollup_has_rss_and_no_uss_source(tmp_path: Path) -> None:
+    """An old kernel without smaps_rollup still gives RSS (statm); the USS source is unavailable."""
     m, series = Metrics(), SeriesStore(100)
-    HostSampler(m, series, ProcFS(fake_proc(tmp_path, rollup=False))).sample()
+    proc = ProcFS(fake_proc(tmp_path, rollup=False))
+    HostSampler(m, series, proc).sample()
     resident_pages = int((tmp_path / "self" / "statm").read_text().split()[1])
     assert value(m, "soakd_process_resident_memory_bytes") == resident_pages * os.sysconf("SC_PAGE_SIZE")
-    assert value(m, "soakd_process_unique_memory_bytes") == 0  # never set
+    with pytest.raises(SourceUnavailable, match="smaps_rollup"):
+        UssSampler(m, series, proc).open()
     assert series.read("host_uss")[0].size == 0
 
 
@@ -67,6 +74,7 @@ def test_host_on_real_proc_is_plausible() -> None:
 
     m = Metrics()
     HostSampler(m, None).sample()
+    UssSampler(m, None).sample()
     rss = value(m, "soakd_process_resident_memory_bytes")
     uss = value(m, "soakd_process_unique_memory_bytes")
     assert rss is not None and uss is not None
@@ -151,11 +159,13 @@ def test_torch_cuda_reads_every_pool_and_counter() -> None:
     """Bytes per pool, segments, the event counters and both fragmentation ratios from memory_stats()."""
     stats = load_json("torch_memory_stats.json")
     m, series = Metrics(), SeriesStore(100)
-    sampler = TorchCudaSampler(m, series, [0], FakeCuda(stats, free_total=(50 * MiB, 80 * MiB)), clock=lambda: 7.0)
+    cuda = FakeCuda(stats, free_total=(50 * MiB, 80 * MiB))
+    sampler = TorchCudaSampler(m, series, [0], cuda, clock=lambda: 7.0)
     sampler.open()
     sampler.sample()
-    for name, key in [("allocated", "allocated_bytes"), ("reserved", "reserved_bytes"), ("active", "active_bytes"),
-                      ("inactive_split", "inactive_split_bytes"), ("requested", "requested_bytes")]:
+    for name, key in [("allocated", "allocated_bytes"), ("reserved", "reserved_bytes"),
+                      ("active", "active_bytes"), ("inactive_split", "inactive_split_bytes"),
+                      ("requested", "requested_bytes")]:
         for pool, tpool in [("all", "all"), ("large", "large_pool"), ("small", "small_pool")]:
             got = value(m, f"soakd_torch_cuda_{name}_bytes", device="cuda:0", pool=pool)
             assert got == stats[f"{key}.{tpool}.current"], (name, pool)
@@ -226,7 +236,8 @@ def test_nvml_reads_every_field_per_gpu() -> None:
     """Memory (v2 with reserved), our process's memory, utilization, clock, power, energy, temperature."""
     nv = FakeNvml(pid=os.getpid())
     m, series = Metrics(), SeriesStore(100)
-    sampler = NvmlSampler(m, series, nv, uuids=["GPU-6f2c5bd3-9a1e-4c1e-8f0a-2b7d0c9e4a11"], clock=lambda: 3.0)
+    h100_uuid = "GPU-6f2c5bd3-9a1e-4c1e-8f0a-2b7d0c9e4a11"
+    sampler = NvmlSampler(m, series, nv, uuids=[h100_uuid], clock=lambda: 3.0)
     sampler.open()
     sampler.sample()
     h100 = {"gpu": "0", "uuid": "GPU-6f2c5bd3-9a1e-4c1e-8f0a-2b7d0c9e4a11"}
@@ -271,7 +282,8 @@ def test_nvml_older_gpu_drops_unsupported_fields_and_keeps_the_rest() -> None:
 def test_nvml_without_driver_is_unavailable_with_the_reason() -> None:
     """nvmlInit()'s recorded no-driver errors (library not found, driver not loaded) mean 'absent'."""
     recorded = load_json("nvml_answers.json")["no_driver"]
-    for code, text in [(recorded["value"], recorded["str"]), (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "Driver Not Loaded")]:
+    cases = [(recorded["value"], recorded["str"]), (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "Driver Not Loaded")]
+    for code, text in cases:
         with pytest.raises(SourceUnavailable, match=text):
             NvmlSampler(Metrics(), None, FakeNvml(os.getpid(), init_error=code)).open()
 
@@ -308,5 +320,6 @@ def test_a_real_nvml_failure_mid_run_is_raised() -> None:
 def test_clock_event_reason_names() -> None:
     """Each NVML clock-event bit maps to its reason name."""
     assert clock_event_reasons(pynvml.nvmlClocksEventReasonHwThermalSlowdown)["hw_thermal_slowdown"]
-    reasons = clock_event_reasons(pynvml.nvmlClocksEventReasonSwPowerCap | pynvml.nvmlClocksEventReasonGpuIdle)
+    mask = pynvml.nvmlClocksEventReasonSwPowerCap | pynvml.nvmlClocksEventReasonGpuIdle
+    reasons = clock_event_reasons(mask)
     assert {k for k, v in reasons.items() if v} == {"sw_power_cap", "gpu_idle"}

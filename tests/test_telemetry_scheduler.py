@@ -6,6 +6,7 @@ import logging
 import os
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 from conftest import wait_for
@@ -56,7 +57,7 @@ def test_hung_source_is_marked_down_and_the_others_keep_sampling() -> None:
     calls = 0
     original = nv.nvmlDeviceGetMemoryInfo
 
-    def counted(h: int, version: int | None = None) -> object:
+    def counted(h: int, version: int | None = None) -> SimpleNamespace:
         nonlocal calls
         calls += 1
         return original(h, version)

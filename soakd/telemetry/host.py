@@ -2,8 +2,12 @@
 
 The process numbers come from ``{proc_root}/self/...`` files, so tests point ``proc_root`` at
 a fake tree. USS comes from ``smaps_rollup`` (Linux >= 4.14), one pre-summed record that is
-far cheaper than walking every mapping in ``smaps``; where the kernel lacks it psutil's full
-smaps walk is the fallback. Off Linux, psutil supplies everything but USS.
+far cheaper to parse than ``smaps``; where the kernel lacks it psutil's full smaps walk is the
+fallback. Off Linux, psutil supplies everything but USS.
+
+USS is its own source: the kernel walks the page tables to answer (measured here about 80 ms
+per GiB resident), so on a process with tens of GiB resident it can take seconds, and must
+not hold up RSS, CPU and the rest, which come from cheap counters (statm, stat).
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ _KB = 1024
 @dataclass(frozen=True)
 class ProcessReading:
     rss: int
-    uss: int | None
     cpu_seconds: float
     threads: int
     open_fds: int | None
@@ -72,9 +75,9 @@ class ProcFS:
                 mem = self._process.memory_info()
                 cpu = self._process.cpu_times()
                 nfds = self._process.num_fds() if hasattr(self._process, "num_fds") else None
-                return ProcessReading(mem.rss, None, cpu.user + cpu.system, self._process.num_threads(), nfds,
+                return ProcessReading(mem.rss, cpu.user + cpu.system, self._process.num_threads(), nfds,
                                       int(psutil.virtual_memory().available))
-        rss, uss = self._memory()
+        rss = int((self.pid_dir / "statm").read_text().split()[1]) * self._page
         stat = (self.pid_dir / "stat").read_text()
         # Fields after the parenthesised command (which may contain spaces): state is field 3.
         fields = stat[stat.rindex(")") + 2:].split()
@@ -83,17 +86,15 @@ class ProcFS:
             fds: int | None = len(os.listdir(self.pid_dir / "fd"))
         except OSError:
             fds = None
-        return ProcessReading(rss, uss, (utime + stime) / self._clk_tck, threads, fds, self._available())
+        return ProcessReading(rss, (utime + stime) / self._clk_tck, threads, fds, self._available())
 
-    def _memory(self) -> tuple[int, int | None]:
+    def uss(self) -> int | None:
+        """Private bytes (smaps_rollup, else psutil's smaps walk on the real /proc, else None)."""
         if self.has_rollup:
-            fields = parse_smaps_rollup((self.pid_dir / "smaps_rollup").read_text())
-            return fields["Rss"], uss_from_rollup(fields)
-        statm = (self.pid_dir / "statm").read_text().split()
-        rss = int(statm[1]) * self._page
+            return uss_from_rollup(parse_smaps_rollup((self.pid_dir / "smaps_rollup").read_text()))
         if self.root == Path("/proc"):
-            return rss, int(psutil.Process().memory_full_info().uss)
-        return rss, None
+            return int(psutil.Process().memory_full_info().uss)
+        return None
 
     def _available(self) -> int:
         for line in (self.root / "meminfo").read_text().splitlines():
@@ -103,7 +104,7 @@ class ProcFS:
 
 
 class HostSampler:
-    """RSS, USS, CPU seconds, threads, open fds, host available memory."""
+    """RSS, CPU seconds, threads, open fds, host available memory."""
 
     name = "host"
 
@@ -129,10 +130,34 @@ class HostSampler:
             m.process_open_fds.set(r.open_fds)
         if self.series is not None:
             self.series.append("host_rss", now, r.rss)
-        if r.uss is not None:
-            m.process_uss.set(r.uss)
-            if self.series is not None:
-                self.series.append("host_uss", now, r.uss)
+
+    def close(self) -> None:
+        pass
+
+
+class UssSampler:
+    """Unique set size: what the process would give back on exit, the truest leak signal."""
+
+    name = "host_uss"
+
+    def __init__(self, metrics: Metrics, series: SeriesStore | None, proc: ProcFS | None = None,
+                 *, clock: Callable[[], float] = time.time) -> None:
+        self.metrics = metrics
+        self.series = series
+        self.proc = proc if proc is not None else ProcFS()
+        self.clock = clock
+
+    def open(self) -> None:
+        if self.proc.uss() is None:
+            raise SourceUnavailable(f"no {self.proc.pid_dir}/smaps_rollup")
+
+    def sample(self) -> None:
+        uss = self.proc.uss()
+        if uss is None:
+            raise FileNotFoundError(f"{self.proc.pid_dir}/smaps_rollup")
+        self.metrics.process_uss.set(uss)
+        if self.series is not None:
+            self.series.append("host_uss", self.clock(), uss)
 
     def close(self) -> None:
         pass

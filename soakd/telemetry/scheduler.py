@@ -130,8 +130,10 @@ class SamplerScheduler:
         self._started = False
         apscheduler_log = logging.getLogger("apscheduler")
         if apscheduler_log.level == logging.NOTSET:
-            # "Added job" / "Running job" at INFO on every tick would drown soakd's own lines.
-            apscheduler_log.setLevel(logging.WARNING)
+            # "Added job"/"Running job" (INFO) and "skipped: maximum number of running instances"
+            # (WARNING) on every tick would drown soakd's own lines; a source that overruns is
+            # reported once by this module as hung.
+            apscheduler_log.setLevel(logging.ERROR)
 
     def add(self, sampler: Sampler, interval: float) -> None:
         """Schedule ``sampler`` every ``interval`` seconds (first sample at start)."""
@@ -151,6 +153,13 @@ class SamplerScheduler:
             misfire_grace_time=max(1, int(interval)),
             next_run_time=datetime.now(timezone.utc) + timedelta(milliseconds=10 * len(self._sources)),
         )
+
+    def add_task(self, name: str, func: Callable[[], object], interval: float) -> None:
+        """Run ``func`` every ``interval`` seconds on this scheduler, outside the sampler
+        bookkeeping (no collector_up, no staleness check): for consumers of the samples such as
+        the leak monitor (soakd/analysis/monitor.py)."""
+        self._scheduler.add_job(func, "interval", id=f"task-{name}", name=name, seconds=interval,
+                                max_instances=1, coalesce=True, misfire_grace_time=max(1, int(interval)))
 
     def start(self) -> None:
         self._scheduler.start()

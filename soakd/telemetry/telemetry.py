@@ -15,7 +15,7 @@ import torch
 from soakd.config import Config
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.gc_stats import GcSampler
-from soakd.telemetry.host import HostSampler, MallocSampler, TracemallocSampler
+from soakd.telemetry.host import HostSampler, MallocSampler, TracemallocSampler, UssSampler
 from soakd.telemetry.nvml import NvmlSampler
 from soakd.telemetry.scheduler import Sampler, SamplerScheduler
 from soakd.telemetry.series import SeriesStore
@@ -55,6 +55,7 @@ class Telemetry:
         devices = cuda_devices(device)
         samplers: list[Sampler] = [
             HostSampler(metrics, series),
+            UssSampler(metrics, series),
             MallocSampler(metrics, series),
             GcSampler(metrics),
             TorchCudaSampler(metrics, series, devices),
