@@ -6,6 +6,7 @@ The durable copy lives in the state store; this ring is what the live verdicts r
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +45,11 @@ class SeriesStore:
         self.capacity = capacity
         self._rings: dict[str, SeriesRing] = {}
         self._lock = threading.Lock()
+        self._listeners: list[Callable[[str, float, float], None]] = []
+
+    def add_listener(self, fn: Callable[[str, float, float], None]) -> None:
+        """Call ``fn(series, t, value)`` on every append (the state store keeps a durable copy)."""
+        self._listeners.append(fn)
 
     def append(self, series: str, t: float, value: float) -> None:
         with self._lock:
@@ -51,6 +57,8 @@ class SeriesStore:
             if ring is None:
                 ring = self._rings[series] = SeriesRing(self.capacity)
             ring.append(t, value)
+        for fn in self._listeners:
+            fn(series, t, value)
 
     def read(self, series: str) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
         with self._lock:
