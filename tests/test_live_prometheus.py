@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, Daemon, free_port, wait_for
+from tests.conftest import REPO, Daemon, free_port, metric_value, wait_for
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="needs Prometheus (Debian package prometheus)")
@@ -65,9 +65,15 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("live-prom")
+    # Leak judgement scaled from hours down to seconds, so the verdict panels have data.
+    config_toml = tmp / "soak.toml"
+    config_toml.write_text(
+        '[leak]\nmin_span = "8s"\nbin = "2s"\ntrough_span = "4s"\npersistence = "0s"\n'
+        'evaluate_interval = "1s"\n'
+    )
     soakd = Daemon(
-        ["--model", "builtin:noop", "--warmup", "2", "--rate", "200", "--arrival", "poisson",
-         "--memory-interval", "1s", "--leak-warmup", "5s", "--leak-window", "20s",
+        ["--config", str(config_toml), "--model", "builtin:noop", "--warmup", "2", "--rate", "200",
+         "--arrival", "poisson", "--memory-interval", "1s", "--leak-warmup", "5s", "--leak-window", "20s",
          "--state-dir", str(tmp / "state")],
         tmp,
     )
@@ -89,7 +95,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         )
     s = Stack(soakd, f"http://127.0.0.1:{prom_port}", prom, prom_log, time.monotonic())
     try:
-        soakd.wait_ready()
+        _wait_serving(soakd)
 
         def prometheus_ready() -> bool:
             if prom.poll() is not None:
@@ -108,6 +114,21 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             prom.kill()
             prom.wait()
         soakd.stop()
+
+
+def _wait_serving(soakd: Daemon, timeout: float = 90.0) -> None:
+    """Until soakd counts requests; fail at once, with its output, if it exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if soakd.proc.poll() is not None:
+            pytest.fail(f"soakd exited ({soakd.proc.returncode}):\n{soakd.output()}")
+        try:
+            if (metric_value(soakd.metrics(), "soakd_requests_total", 'outcome="ok"') or 0) > 0:
+                return
+        except OSError:
+            pass  # not listening yet
+        time.sleep(0.3)
+    pytest.fail(f"soakd served no request within {timeout}s:\n{soakd.output()}")
 
 
 def _values(resp: Any) -> list[float]:
@@ -180,6 +201,8 @@ def test_every_panel_query_parses_and_non_gpu_panels_show_data(stack: Stack) -> 
         f"  {', '.join(sorted(set(w)))}: {e}" for e, w in pending.items()
     )
     assert stack.soakd.proc.poll() is None, stack.soakd.output()
+    gpu_panels = sorted({w for ws in gpu_empty.values() for w in ws})
+    print("GPU panels without data on this host:", *gpu_panels, sep="\n  ")  # shown with -s
 
 
 def test_every_rule_loads_and_evaluates_healthy(stack: Stack) -> None:
