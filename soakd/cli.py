@@ -34,6 +34,9 @@ RUN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--memory-interval": ("memory.interval", {"metavar": "DUR"}),
     "--leak-warmup": ("leak.warmup", {"metavar": "DUR"}),
     "--leak-window": ("leak.window", {"metavar": "DUR"}),
+    "--preprocess-workers": ("input.preprocess_workers", {"metavar": "N"}),
+    "--postprocess": ("input.postprocess", {"metavar": "auto|none|classify|detect"}),
+    "--pad": ("input.pad", {"metavar": "true|false"}),
 }
 
 
@@ -69,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--step-duration", metavar="DUR", help="fixed time per step (skips the stability wait)")
     sweep.add_argument("--slo-p99-ms", type=float, metavar="MS", help="p99 the recommendation must meet")
     sweep.add_argument("--json", dest="json_out", metavar="FILE", help="write the steps, knee and recommendation")
+    sweep.add_argument("--tolerance", dest="stability_tolerance", type=float, default=10.0, metavar="PCT",
+                       help="stable: throughput and p99 of the last three windows within PCT%% (default 10)")
+    sweep.add_argument("--window", dest="sweep_window", default="2s", metavar="DUR", help="window length (2s)")
+    sweep.add_argument("--min-step", dest="min_step", default="10s", metavar="DUR", help="minimum step time (10s)")
+    sweep.add_argument("--max-step", dest="max_step", default="60s", metavar="DUR",
+                       help="maximum step time; still unstable then: the step is marked unstable (60s)")
 
     # ---- analyze (issue: leak verdicts): must not import torch
     analyze = sub.add_parser("analyze", help="judge recorded memory traces (CSV: timestamp_seconds,bytes)")

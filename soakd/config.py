@@ -96,6 +96,11 @@ class InputConfig:
     shapes: str = ""  # empty: the model's default input shape
     samples: str | None = None
     pool: int = 8  # distinct pre-made tensors per shape, cycled
+    # Production-like requests (see soakd/workload/): sample decoding runs in this many threads.
+    preprocess_workers: int = 2
+    postprocess: str = "auto"  # auto (on with samples; kind by output shape) | none | classify | detect
+    pad: bool = False  # token sequences: one batch key, padded to the batch's longest
+    max_tokens: int = 512  # text samples: tokens kept per request
 
 
 @dataclass
@@ -327,7 +332,14 @@ def validate(cfg: Config) -> None:
     _require(b.max_batch_size >= 1, f"batcher.max_batch_size: must be >= 1, got {b.max_batch_size}")
     _require(b.max_queue_delay_ms >= 0, f"batcher.max_queue_delay_ms: must be >= 0, got {b.max_queue_delay_ms}")
     _require(cfg.input.pool >= 1, f"input.pool: must be >= 1, got {cfg.input.pool}")
-    if cfg.input.shapes:
+    if cfg.input.shapes.replace(" ", "").startswith("seq:"):
+        from soakd.workload.seqlen import parse_seq_spec  # local: numpy and torch stay out of config import
+
+        try:
+            parse_seq_spec(cfg.input.shapes)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    elif cfg.input.shapes:
         for item in cfg.input.shapes.replace(" ", "").split(","):
             _require(
                 bool(_SHAPE_ITEM_RE.match(item)),
@@ -335,6 +347,15 @@ def validate(cfg: Config) -> None:
             )
     if cfg.input.samples is not None:
         _require(Path(cfg.input.samples).is_dir(), f"input.samples: {cfg.input.samples}: no such directory")
+    _require(
+        1 <= cfg.input.preprocess_workers <= 256,
+        f"input.preprocess_workers: must be within [1, 256], got {cfg.input.preprocess_workers}",
+    )
+    _require(
+        cfg.input.postprocess in ("auto", "none", "classify", "detect"),
+        f"input.postprocess: expected auto, none, classify or detect, got {cfg.input.postprocess!r}",
+    )
+    _require(cfg.input.max_tokens >= 1, f"input.max_tokens: must be >= 1, got {cfg.input.max_tokens}")
     host, sep, port = cfg.metrics.addr.rpartition(":")
     _require(
         bool(sep) and port.isdigit() and 0 <= int(port) <= 65535,

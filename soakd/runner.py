@@ -27,7 +27,7 @@ from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.histogram import HistSnapshot
 from soakd.telemetry.series import SeriesStore
 from soakd.telemetry.telemetry import Telemetry
-from soakd.workload.shapes import ShapeSource
+from soakd.workload.sources import RequestSource, build_source
 
 log = logging.getLogger("soakd")
 
@@ -68,7 +68,7 @@ class WindowTracker:
         )
 
 
-def warm_up(model: LoadedModel, source: ShapeSource, runs: int, max_batch: int) -> tuple[float, float]:
+def warm_up(model: LoadedModel, source: RequestSource, runs: int, max_batch: int) -> tuple[float, float]:
     """Run the model ``runs`` times (cycling shapes, batch sizes 1 and max) outside measurement.
 
     Returns (first inference seconds, total warmup seconds). The first call is timed on its
@@ -113,6 +113,7 @@ def build_summary(engine: Engine, stats: EngineStats, run: dict[str, Any], cold:
         "requests": completed,
         "latency_ms": {s: stage_summary(h) for s, h in stats.stages.items() if h.count or s == "e2e"},
         "batch_size": engine.batch_size_summary(),
+        "input_shapes_seen": engine.shapes_seen,
         "cold_start": cold,
         "run": run,
     }
@@ -205,11 +206,8 @@ def _run(cfg: Config, run_id: str, metrics: Metrics, server: EndpointServer, sto
 def _soak(cfg: Config, run_id: str, metrics: Metrics, server: EndpointServer, stop: StopFlag, out: TextIO,
           model: LoadedModel, series: SeriesStore, telemetry: Telemetry) -> int:
     shapes = cfg.input.shapes or model.default_shape
-    if not shapes:
-        from soakd.config import ConfigError
-
-        raise ConfigError(f"input.shapes: {cfg.model.spec} has no default input shape; set --input-shapes")
-    source = ShapeSource(shapes, pool=cfg.input.pool, dtype=model.dtype, seed=cfg.load.seed)
+    # Sample files, a sequence-length mix or pre-made shapes; ConfigError when there is no shape.
+    source = build_source(cfg, model.default_shape, model.dtype)
 
     _set_phase(metrics, "warmup")
     first, warm = warm_up(model, source, cfg.model.warmup, cfg.batcher.max_batch_size)

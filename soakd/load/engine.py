@@ -3,7 +3,9 @@
 Threads: one model thread (batcher -> model -> completion; the GPU serialises batches anyway),
 and, in open loop, one arrivals thread. Counters that cross threads are each written by one
 thread only (``_sent`` by the sender, ``_done`` by the model thread), so the hot path takes no
-lock of its own beyond the batcher's.
+lock of its own beyond the batcher's. With real samples (``load/stages.py``) a preprocess pool
+sits before the batcher and one postprocess thread after the model; that thread then does the
+completing (and, in closed loop, the resending) in the model thread's place.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from soakd.config import Config
 from soakd.load.arrivals import schedule
 from soakd.load.batcher import Batcher
 from soakd.load.request import Request
+from soakd.load.stages import BAD_INPUT_KEY, PostprocessThread, PreprocessPool, pad_collate
 from soakd.telemetry.catalogue import OUTCOMES, Metrics
 from soakd.telemetry.histogram import HistSnapshot
+from soakd.workload.postprocess import postprocessor
 
 log = logging.getLogger("soakd.engine")
 
@@ -92,6 +96,55 @@ class Engine:
         # Optional per-batch hook (size, dispatch time, end time, outcome), e.g. OTLP batch spans;
         # None when unused so the hot path pays one comparison.
         self.batch_hook: Callable[[int, float, float, str], None] | None = None
+        self._init_request_path()
+
+    # ------------------------------------------------------------------ request path (issue #5)
+
+    def _init_request_path(self) -> None:
+        """Preprocess pool, padding and postprocess thread, each None when unused: the synthetic
+        path (pre-made tensors, no postprocess) pays one attribute test per batch for them."""
+        inp = self.cfg.input
+        self._inlet: Batcher | PreprocessPool = self.batcher  # where new requests go
+        self.preprocess_pool: PreprocessPool | None = None
+        self.postprocess: PostprocessThread | None = None
+        self._collate: Callable[[list[Request]], torch.Tensor] | None = pad_collate if inp.pad else None
+        self._shapes_seen: set[tuple[int, ...]] = set()
+        if getattr(self.source, "needs_preprocess", False):
+            self._hist["preprocess"] = self.metrics.request_duration.labels("preprocess")
+            self.preprocess_pool = PreprocessPool(
+                inp.preprocess_workers, self.source.preprocess, self.batcher,  # type: ignore[attr-defined]
+                self._hist["preprocess"], self.metrics.preprocess_busy, self.clock,
+            )
+            self._inlet = self.preprocess_pool
+        post = inp.postprocess
+        if post == "auto":
+            post = "auto" if self.preprocess_pool is not None else "none"  # auto: with real samples only
+        if post != "none":
+            self._hist["postprocess"] = self.metrics.request_duration.labels("postprocess")
+            self.postprocess = PostprocessThread(
+                postprocessor(post), self._complete, self._hist["postprocess"],
+                on_error=self._log_error_once, clock=self.clock,
+            )
+
+    def _start_request_path(self) -> None:
+        for stage in (self.preprocess_pool, self.postprocess):
+            if stage is not None:
+                stage.start()
+
+    def _close_request_path(self) -> None:
+        for stage in (self.preprocess_pool, self.postprocess):
+            if stage is not None:
+                stage.close()
+
+    def _see_shape(self, x: torch.Tensor) -> None:
+        shape = tuple(x.shape[1:])
+        if shape not in self._shapes_seen:  # new shapes drive allocator growth: count them
+            self._shapes_seen.add(shape)
+            self.metrics.distinct_shapes.set(len(self._shapes_seen))
+
+    @property
+    def shapes_seen(self) -> int:
+        return len(self._shapes_seen)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -106,6 +159,7 @@ class Engine:
         if self.open_loop:
             sys.setswitchinterval(_OPEN_LOOP_SWITCH_INTERVAL)
             self._threads.append(threading.Thread(target=self._arrivals_loop, name="soakd-arrivals", daemon=True))
+        self._start_request_path()
         for t in self._threads:
             t.start()
 
@@ -124,6 +178,7 @@ class Engine:
         self._abort.set()
         for t in self._threads:
             t.join(timeout=max(0.0, deadline - time.monotonic()) + 0.5)
+        self._close_request_path()
         sys.setswitchinterval(self._old_switch)
         return drained
 
@@ -150,7 +205,7 @@ class Engine:
         lags: list[float] = []
         dropped = 0
         last_flush = self.clock()
-        source, clock, batcher = self.source, self.clock, self.batcher
+        source, clock, batcher = self.source, self.clock, self._inlet
         while not self.stop_event.is_set():
             now = clock()
             if next_t > now:
@@ -190,23 +245,34 @@ class Engine:
             assert self.cfg.load.concurrency is not None
             reqs = self._new_requests(self.cfg.load.concurrency)
             self._sent += len(reqs)
-            self.batcher.put_many(reqs)
+            self._inlet.put_many(reqs)
         device, cuda = self.device, self.device.type == "cuda"
         timeout = self.cfg.batcher.inference_timeout
+        collate, post = self._collate, self.postprocess
         while not self._abort.is_set():
             batch = self.batcher.take(0.05)
             if not batch:
                 continue
             t_dispatch = self.clock()
+            if batch[0].key is BAD_INPUT_KEY:  # samples that failed preprocessing: no model call
+                if post is not None:
+                    post.put(batch, None, t_dispatch, t_dispatch, "bad_input")
+                else:
+                    self._complete(batch, t_dispatch, t_dispatch, "bad_input")
+                continue
             outcome = "ok"
+            out = None
             try:
-                if len(batch) == 1:
+                if collate is not None:
+                    x = collate(batch)
+                elif len(batch) == 1:
                     x = batch[0].tensor.unsqueeze(0)
                 else:
                     x = torch.stack([r.tensor for r in batch])
+                self._see_shape(x)
                 x = x.to(device, non_blocking=True)
                 with torch.inference_mode():
-                    self.fn(x)
+                    out = self.fn(x)
                 if cuda:
                     torch.cuda.synchronize(device)
             except Exception as exc:  # the soak goes on; the outcome says what happened
@@ -215,27 +281,36 @@ class Engine:
             t_end = self.clock()
             if outcome == "ok" and timeout is not None and t_end - t_dispatch > timeout:
                 outcome = "timeout"
-            self._complete(batch, t_dispatch, t_end, outcome)
+            if post is not None:  # it completes the batch once the responses are encoded
+                post.put(batch, out, t_dispatch, t_end, outcome)
+            else:
+                self._complete(batch, t_dispatch, t_end, outcome)
+            out = None  # do not hold the output (device memory) while the next batch runs
 
-    def _complete(self, batch: list[Request], t_dispatch: float, t_end: float, outcome: str) -> None:
+    def _complete(
+        self, batch: list[Request], t_dispatch: float, t_end: float, outcome: str, t_done: float | None = None
+    ) -> None:
+        """``t_end``: inference ended; ``t_done``: postprocess ended (e2e runs until then)."""
         n = len(batch)
         # Latency is recorded for requests that got an answer (ok, or too late); errors fail fast
         # and would flatter the percentiles.
         if outcome in ("ok", "timeout"):
             self._hist["queue"].observe_many([t_dispatch - r.enqueued for r in batch])
-            self._hist["e2e"].observe_many([t_end - r.intended for r in batch])
+            t_last = t_end if t_done is None else t_done
+            self._hist["e2e"].observe_many([t_last - r.intended for r in batch])
             self._hist["inference"].observe_many(np.full(n, t_end - t_dispatch))
-        self.metrics.batch_size.observe(n)
+        if outcome != "bad_input":  # rejected samples never formed a model batch
+            self.metrics.batch_size.observe(n)
+            self._batch_counts[n] += 1
         if self.batch_hook is not None:
             self.batch_hook(n, t_dispatch, t_end, outcome)
-        self._batch_counts[n] += 1
         self._count(outcome, n)
         self.last_completion = t_end
         self.last_progress = time.monotonic()
         if not self.open_loop and not self.stop_event.is_set():
             reqs = self._new_requests(n)
             self._sent += n
-            self.batcher.put_many(reqs)
+            self._inlet.put_many(reqs)
         self._done += n
         self.metrics.queue_depth.set(len(self.batcher))
         self.metrics.inflight.set(self._sent - self._done)

@@ -8,6 +8,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from soakd.models.detector import Detector
+
 
 class ConvNet(nn.Module):
     """The seed article's example: conv 3->64, ReLU, global pool, linear to 10 classes."""
@@ -59,4 +61,5 @@ BUILTINS: dict[str, Callable[..., nn.Module]] = {
     "convnet": ConvNet,
     "noop": Noop,
     "sleep": Sleep,
+    "detector": Detector,  # output needs NMS: exercises input.postprocess = detect
 }

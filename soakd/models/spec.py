@@ -14,6 +14,7 @@ BUILTIN_DEFAULT_SHAPES: dict[str, str] = {
     "convnet": "3x224x224",
     "noop": "16",
     "sleep": "16",
+    "detector": "3x320x320",
 }
 
 

@@ -1,0 +1,49 @@
+"""The seed article's batching table, measured: `soakd sweep` over max batch size 1/4/8/16/32
+for builtin:convnet (issue #5). On a GPU at 224x224; on CPU at a smaller input so it finishes.
+
+Prints the sweep table (throughput, p50/p90/p99, mean batch, peak host and GPU memory,
+stability, bottleneck), the knee and the recommendation under --slo-p99-ms.
+
+    .venv/bin/python bench/sweep_batch.py [--device auto] [--step-duration 5s] [--slo-p99-ms 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from soakd.analysis.sweep import sweep_command
+from soakd.config import load_config
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--batch-sizes", default="1,4,8,16,32")
+    ap.add_argument("--concurrency", default=None, help="default: 2 x the largest batch size")
+    ap.add_argument("--shape", default=None, help="default: 3x224x224 on CUDA, 3x64x64 on CPU")
+    ap.add_argument("--step-duration", default="5s", help="fixed time per step; 'stable' waits for stability")
+    ap.add_argument("--slo-p99-ms", type=float, default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
+    shape = args.shape or ("3x224x224" if cuda else "3x64x64")
+    biggest = max(int(b) for b in args.batch_sizes.split(","))
+    cfg = load_config(None, {"model.spec": "builtin:convnet", "model.device": args.device,
+                             "input.shapes": shape, "model.warmup": 50, "batcher.max_queue_delay_ms": 5.0})
+    ns = argparse.Namespace(
+        sweep_concurrency=args.concurrency or str(2 * biggest), sweep_rate=None,
+        sweep_max_batch_size=args.batch_sizes,
+        step_duration=None if args.step_duration == "stable" else args.step_duration,
+        slo_p99_ms=args.slo_p99_ms, json_out=args.json, stability_tolerance=10.0, sweep_window="2s",
+        min_step="10s", max_step="60s",
+    )
+    print(f"builtin:convnet {shape} on {'cuda' if cuda else 'cpu'}, closed loop "
+          f"concurrency {ns.sweep_concurrency}, max batch size {args.batch_sizes}", flush=True)
+    return sweep_command(cfg, ns)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Pre-processing: what a server does to a request body before the model sees it.
+
+Read the file, then by kind: decode an image with Pillow, resize it to the model's input and
+normalise it (ImageNet mean and std) into a CHW tensor; parse a JSON body carrying a base64
+image, an array or text; or tokenize a line of text. Anything that cannot be turned into a
+tensor raises :class:`BadInput`, which the engine counts as ``outcome="bad_input"``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from soakd.workload.seqlen import PAD_KEY
+
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp"})
+JSON_EXTENSIONS = frozenset({".json"})
+TEXT_EXTENSIONS = frozenset({".txt"})
+_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
+_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+
+
+class BadInput(ValueError):
+    """A sample that cannot become a model input (corrupt, empty, wrong layout)."""
+
+
+@dataclass(frozen=True)
+class TextLine:
+    """One line of a text sample file (the source reads lines; tokenizing is preprocessing)."""
+
+    path: str
+    text: str
+
+
+def decode_image(data: bytes, shape: tuple[int, int, int]) -> torch.Tensor:
+    """Encoded image bytes -> normalised float32 tensor ``shape`` (C, H, W), C = 1 or 3."""
+    if not data:
+        raise BadInput("empty image")
+    c, h, w = shape
+    try:
+        with Image.open(io.BytesIO(data)) as src:
+            rgb = src.convert("RGB" if c == 3 else "L")  # decodes; raises on truncated data
+            resized = rgb.resize((w, h), Image.Resampling.BILINEAR)
+            arr = np.asarray(resized, dtype=np.float32) * (1.0 / 255.0)
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise BadInput(f"cannot decode image: {exc}") from None
+    arr = ((arr - _MEAN) / _STD).transpose(2, 0, 1) if c == 3 else ((arr - 0.5) / 0.25)[None]
+    return torch.from_numpy(np.ascontiguousarray(arr))
+
+
+def tokenize(text: str, vocab: int, max_tokens: int) -> torch.Tensor:
+    """Whitespace tokens hashed to ids in [1, vocab) (0 is padding): a stand-in tokenizer whose
+    cost and output lengths follow the text."""
+    words = text.split()[:max_tokens]
+    if not words:
+        raise BadInput("no tokens")
+    return torch.tensor([zlib.crc32(w.encode()) % (vocab - 1) + 1 for w in words], dtype=torch.int64)
+
+
+class Preprocessor:
+    """Turns a sample (a file path or a :class:`TextLine`) into ``(batch key, tensor)``.
+
+    ``image_shape`` is the (C, H, W) images are resized to (None: images are bad input);
+    ``pad``: token sequences share one batch key and are padded to the batch's longest.
+    """
+
+    def __init__(
+        self,
+        image_shape: tuple[int, int, int] | None,
+        dtype: torch.dtype = torch.float32,
+        *,
+        pad: bool = False,
+        vocab: int = 30522,
+        max_tokens: int = 512,
+    ) -> None:
+        self.image_shape = image_shape
+        self.dtype = dtype
+        self.pad = pad
+        self.vocab = vocab
+        self.max_tokens = max_tokens
+
+    def __call__(self, item: str | TextLine) -> tuple[Any, torch.Tensor]:
+        if isinstance(item, TextLine):
+            return self._tokens(tokenize(item.text, self.vocab, self.max_tokens))
+        path = Path(item)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise BadInput(f"cannot read: {exc.strerror}") from None
+        suffix = path.suffix.lower()
+        if suffix in JSON_EXTENSIONS:
+            return self._json(data)
+        if suffix in IMAGE_EXTENSIONS:
+            return self._image(data)
+        raise BadInput(f"unsupported sample type {suffix!r}")
+
+    def _image(self, data: bytes) -> tuple[Any, torch.Tensor]:
+        if self.image_shape is None:
+            raise BadInput("an image, but the model input is not CxHxW (set input.shapes)")
+        tensor = decode_image(data, self.image_shape).to(self.dtype)
+        return self.image_shape, tensor
+
+    def _tokens(self, ids: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        return (PAD_KEY if self.pad else tuple(ids.shape)), ids
+
+    def _json(self, data: bytes) -> tuple[Any, torch.Tensor]:
+        """Bodies: ``{"image": "<base64>"}``, ``{"array": [[...]]}`` or ``{"text": "..."}``."""
+        try:
+            body = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadInput(f"not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise BadInput("JSON body is not an object")
+        if isinstance(body.get("image"), str):
+            b64 = body["image"]
+            if b64.startswith("data:"):  # data URL: data:image/png;base64,....
+                b64 = b64.partition(",")[2]
+            try:
+                raw = base64.b64decode(b64, validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise BadInput(f"image is not valid base64: {exc}") from None
+            return self._image(raw)
+        if "array" in body:
+            try:
+                arr = np.asarray(body["array"], dtype=np.float32)
+            except (ValueError, TypeError) as exc:
+                raise BadInput(f"array is not a numeric nd-array: {exc}") from None
+            if arr.size == 0:
+                raise BadInput("array is empty")
+            return tuple(arr.shape), torch.from_numpy(arr).to(self.dtype)
+        if isinstance(body.get("text"), str):
+            return self._tokens(tokenize(body["text"], self.vocab, self.max_tokens))
+        raise BadInput("JSON body has none of the keys image (base64), array, text")

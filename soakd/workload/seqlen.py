@@ -1,0 +1,120 @@
+"""Token-sequence requests whose length follows a distribution, as text traffic does.
+
+``input.shapes = "seq:lognormal(mean=128,sigma=0.5,min=8,max=512)"`` draws each request's
+length from a lognormal with that mean, clipped to [min, max]; ``seq:uniform(min=8,max=512)``
+and ``seq:fixed(n=128)`` are the other two. ``vocab=N`` (default 30522) bounds the token ids.
+
+Requests are int64 token ids, slices of one pre-made sequence of the maximum length, so a
+draw costs a slice (no allocation) and any length is available. Without ``input.pad`` each
+length is its own batch key; with it every sequence shares one key and the batch is padded
+to its longest member, as a tokenizer's ``padding=True`` does.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: config validation parses specs without it
+    import torch
+
+PREFIX = "seq:"
+PAD_KEY = "seq"  # the one batch key of padded sequences
+_SPEC_RE = re.compile(r"^seq:(fixed|uniform|lognormal)\(([^)]*)\)$")
+_PARAMS = {
+    "fixed": ({"n"}, set()),
+    "uniform": ({"min", "max"}, set()),
+    "lognormal": ({"mean", "sigma"}, {"min", "max"}),
+}
+
+
+@dataclass(frozen=True)
+class SeqLenSpec:
+    dist: str
+    params: dict[str, float]
+    low: int
+    high: int
+    vocab: int
+
+
+def is_seq_spec(spec: str) -> bool:
+    return spec.replace(" ", "").startswith(PREFIX)
+
+
+def parse_seq_spec(spec: str) -> SeqLenSpec:
+    """Parse ``seq:DIST(k=v,...)``; ValueError names ``input.shapes`` and what is wrong."""
+    text = spec.replace(" ", "")
+    m = _SPEC_RE.match(text)
+    if not m:
+        raise ValueError(
+            f"input.shapes: cannot parse {spec!r} (use seq:fixed(n=128), seq:uniform(min=8,max=512) "
+            "or seq:lognormal(mean=128,sigma=0.5,min=8,max=512))"
+        )
+    dist, body = m.group(1), m.group(2)
+    params: dict[str, float] = {}
+    for item in filter(None, body.split(",")):
+        key, sep, value = item.partition("=")
+        try:
+            params[key] = float(value) if sep else math.nan
+        except ValueError:
+            raise ValueError(f"input.shapes: {key}={value!r} is not a number in {spec!r}") from None
+    required, optional = _PARAMS[dist]
+    vocab = int(params.pop("vocab", 30522))
+    unknown = set(params) - required - optional
+    missing = required - set(params)
+    if unknown or missing:
+        what = f"unknown {sorted(unknown)}" if unknown else f"missing {sorted(missing)}"
+        raise ValueError(f"input.shapes: {dist}: {what} parameter(s) in {spec!r}")
+    if any(math.isnan(v) or v <= 0 for v in params.values()) or vocab < 2:
+        raise ValueError(f"input.shapes: parameters must be positive numbers in {spec!r}")
+    if dist == "fixed":
+        low = high = int(params["n"])
+    elif dist == "uniform":
+        low, high = int(params["min"]), int(params["max"])
+    else:
+        mean = params["mean"]
+        low = int(params.get("min", 1))
+        high = int(params.get("max", math.ceil(mean * 8)))
+    if low < 1 or high < low:
+        raise ValueError(f"input.shapes: need 1 <= min <= max in {spec!r}")
+    return SeqLenSpec(dist, params, low, high, vocab)
+
+
+def draw_lengths(spec: SeqLenSpec, rng: np.random.Generator, n: int) -> np.ndarray:
+    if spec.dist == "fixed":
+        return np.full(n, spec.low, dtype=np.int64)
+    if spec.dist == "uniform":
+        return rng.integers(spec.low, spec.high + 1, size=n)
+    sigma = spec.params["sigma"]
+    mu = math.log(spec.params["mean"]) - sigma * sigma / 2  # so the mean (before clipping) is `mean`
+    return np.clip(np.rint(rng.lognormal(mu, sigma, size=n)), spec.low, spec.high).astype(np.int64)
+
+
+class SeqLenSource:
+    """Hands out token sequences with drawn lengths; keys are ``(length,)`` or one shared key."""
+
+    needs_preprocess = False
+
+    def __init__(self, spec: str, *, pad: bool = False, seed: int = 0) -> None:
+        import torch
+
+        self.spec = parse_seq_spec(spec)
+        self.pad = pad
+        gen = torch.Generator().manual_seed(seed)
+        self._tokens = torch.randint(1, self.spec.vocab, (self.spec.high,), generator=gen, dtype=torch.int64)
+        self._rng = np.random.default_rng(seed)
+        self._lengths: list[int] = []
+
+    def next(self) -> tuple[object, torch.Tensor]:
+        if not self._lengths:
+            self._lengths = draw_lengths(self.spec, self._rng, 4096).tolist()
+        n = self._lengths.pop()
+        return (PAD_KEY if self.pad else (n,)), self._tokens[:n]
+
+    def warmup_inputs(self) -> list[tuple[object, torch.Tensor]]:
+        lengths = sorted({self.spec.low, (self.spec.low + self.spec.high) // 2, self.spec.high})
+        return [((n,), self._tokens[:n]) for n in lengths]

@@ -1,0 +1,44 @@
+"""Pick the request source a config asks for: sample files, a sequence-length mix, or shapes."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from soakd.config import Config, ConfigError
+from soakd.workload.preprocess import Preprocessor
+from soakd.workload.samples import SampleSource
+from soakd.workload.seqlen import SeqLenSource, is_seq_spec
+from soakd.workload.shapes import ShapeSource, parse_shape_mix
+
+
+class RequestSource(Protocol):
+    """What the engine draws requests from: ``next()`` -> (batch key, tensor or raw sample)."""
+
+    def next(self) -> tuple[Any, Any]: ...
+
+    def warmup_inputs(self) -> list[tuple[Any, torch.Tensor]]: ...
+
+
+def image_shape(spec: str | None) -> tuple[int, int, int] | None:
+    """The (C, H, W) images are resized to: the first 3-D shape of the shape spec, if any."""
+    if not spec or is_seq_spec(spec):
+        return None
+    for shape, _ in parse_shape_mix(spec):
+        if len(shape) == 3 and shape[0] in (1, 3):
+            return (shape[0], shape[1], shape[2])
+    return None
+
+
+def build_source(cfg: Config, default_shape: str | None, dtype: torch.dtype) -> RequestSource:
+    """``input.samples`` replays files; else ``input.shapes`` (or the model's default shape)."""
+    spec = cfg.input.shapes or default_shape
+    if cfg.input.samples is not None:
+        pre = Preprocessor(image_shape(spec), dtype, pad=cfg.input.pad, max_tokens=cfg.input.max_tokens)
+        return SampleSource(cfg.input.samples, pre)
+    if not spec:
+        raise ConfigError(f"input.shapes: {cfg.model.spec} has no default input shape; set --input-shapes")
+    if is_seq_spec(spec):
+        return SeqLenSource(spec, pad=cfg.input.pad, seed=cfg.load.seed)
+    return ShapeSource(spec, pool=cfg.input.pool, dtype=dtype, seed=cfg.load.seed)
