@@ -74,3 +74,34 @@ def test_cpu_run_exports_host_telemetry_and_rss_growth(daemon_factory: Any, tmp_
     assert out.count("telemetry source nvml unavailable") == 1, out
     assert out.count("telemetry source torch_cuda unavailable") == 1, out
     assert "Traceback" not in out
+
+
+def test_config_switches_optional_sources(tmp_path: Path) -> None:
+    """memory.tracemalloc adds the tracemalloc source (stopped again at the end); a snapshot
+    interval adds the snapshot job, absent on a CPU model like the other CUDA source."""
+    import tracemalloc
+
+    import torch
+
+    from soakd.config import load_config
+    from soakd.telemetry.catalogue import Metrics
+    from soakd.telemetry.series import SeriesStore
+    from soakd.telemetry.telemetry import Telemetry
+
+    cfg = load_config(None, {"model.spec": "builtin:noop", "memory.interval": "0.1s",
+                             "memory.tracemalloc": "true", "memory.snapshot_interval": "0.2s",
+                             "otel.enabled": "false"})
+    metrics, series = Metrics(), SeriesStore(100)
+    telemetry = Telemetry(cfg, metrics, series, torch.device("cpu"))
+    telemetry.start()
+    try:
+        wait_for(lambda: telemetry.scheduler.states()["tracemalloc"] == "up", 10, 0.05, "tracemalloc up")
+        wait_for(lambda: series.read("host_rss")[0].size >= 3, 10, 0.05, "three RSS samples")
+    finally:
+        telemetry.stop()
+    states = telemetry.scheduler.states()
+    assert states["torch_cuda_snapshot"] == "absent" and states["torch_cuda"] == "absent"
+    traced = metrics.registry.get_sample_value("soakd_tracemalloc_traced_bytes")
+    assert traced is not None and traced > 0
+    assert not tracemalloc.is_tracing()
+    assert telemetry.batch_hook is None  # OTel off: the engine's hot path pays a None check only
