@@ -8,6 +8,7 @@ substituted, as Grafana would send it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -24,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from soakd.config import LeakConfig
 from tests.conftest import REPO, Daemon, free_port, metric_value, wait_for
 
 PROMETHEUS = shutil.which("prometheus")
@@ -65,12 +67,13 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("live-prom")
-    # Leak judgement scaled from hours down to seconds, so the verdict panels have data.
+    # Leak judgement scaled from hours down to seconds, so the verdict panels have data
+    # (only the settings this soakd knows).
+    scaled = {"min_span": "8s", "bin": "2s", "trough_span": "4s", "persistence": "0s",
+              "evaluate_interval": "1s"}
+    known = {f.name for f in dataclasses.fields(LeakConfig)}
     config_toml = tmp / "soak.toml"
-    config_toml.write_text(
-        '[leak]\nmin_span = "8s"\nbin = "2s"\ntrough_span = "4s"\npersistence = "0s"\n'
-        'evaluate_interval = "1s"\n'
-    )
+    config_toml.write_text("[leak]\n" + "".join(f'{k} = "{v}"\n' for k, v in scaled.items() if k in known))
     soakd = Daemon(
         ["--config", str(config_toml), "--model", "builtin:noop", "--warmup", "2", "--rate", "200",
          "--arrival", "poisson", "--memory-interval", "1s", "--leak-warmup", "5s", "--leak-window", "20s",
