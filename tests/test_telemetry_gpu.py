@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from telemetry_fakes import load_json
@@ -11,6 +9,7 @@ from telemetry_fakes import load_json
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.nvml import NvmlSampler
 from soakd.telemetry.series import SeriesStore
+from soakd.telemetry.telemetry import gpu_uuids
 from soakd.telemetry.torch_cuda import TorchCuda, TorchCudaSampler, TorchCudaSnapshotSampler
 
 pytestmark = pytest.mark.gpu
@@ -90,10 +89,12 @@ def test_real_nvml_sees_this_process() -> None:
         assert 256 * MiB <= used <= total
         assert 0 <= value(m, "soakd_gpu_temperature_celsius", gpu="0", uuid=gpu.uuid) < 120
         procs = series.read("gpu_process_memory")[1]
-        # In a container NVML may list host pids; then our pid is not found and the value is 0.
-        if procs[-1] > 0:
+        # In a container NVML may list host pids; then our pid is not found and there is no sample.
+        if procs.size:
             assert procs[-1] >= 256 * MiB
-        assert os.getpid() > 0
+        # torch's device UUID names the same GPU NVML does, so the leak series follow the model's GPU.
+        uuids = gpu_uuids([torch.cuda.current_device()])
+        assert uuids is not None and uuids[0] in {g.uuid for g in sampler.gpus}
     finally:
         sampler.close()
         del x

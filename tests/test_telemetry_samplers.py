@@ -275,7 +275,8 @@ def test_nvml_older_gpu_drops_unsupported_fields_and_keeps_the_rest() -> None:
     assert value(m, "soakd_gpu_power_watts", **t4) is None
     assert value(m, "soakd_gpu_temperature_celsius", **t4) == 34
     assert value(m, "soakd_gpu_clock_event_reason_active", **t4, reason="gpu_idle") == 1
-    assert value(m, "soakd_gpu_process_memory_bytes", **t4, pid=str(os.getpid())) == 0
+    # Our pid has no context on the T4: no process figure rather than a made-up 0.
+    assert value(m, "soakd_gpu_process_memory_bytes", **t4, pid=str(os.getpid())) is None
     assert sampler.gpus[1].unsupported == {"memory_v2", "power", "clock_events"}
 
 
@@ -323,3 +324,22 @@ def test_clock_event_reason_names() -> None:
     mask = pynvml.nvmlClocksEventReasonSwPowerCap | pynvml.nvmlClocksEventReasonGpuIdle
     reasons = clock_event_reasons(mask)
     assert {k for k, v in reasons.items() if v} == {"sw_power_cap", "gpu_idle"}
+
+
+def test_nvml_process_not_listed_adds_no_process_sample() -> None:
+    """In a container NVML may list host pids: no gpu_process_memory sample instead of a flat 0."""
+    m, series = Metrics(), SeriesStore(100)
+    sampler = NvmlSampler(m, series, FakeNvml(pid=os.getpid()), pid=1)  # pid 1 is in no process list
+    sampler.open()
+    sampler.sample()
+    assert series.read("gpu_process_memory")[0].size == 0
+    assert series.read("gpu_memory_used")[0].size == 1
+
+
+def test_nvml_unknown_model_uuid_falls_back_to_every_gpu() -> None:
+    """A model GPU NVML does not name the same way (MIG) makes the used series cover every GPU."""
+    series = SeriesStore(100)
+    sampler = NvmlSampler(Metrics(), series, FakeNvml(pid=os.getpid()), uuids=["MIG-1234"])
+    sampler.open()
+    sampler.sample()
+    assert list(series.read("gpu_memory_used")[1]) == [24932458496 + 382533632]

@@ -106,6 +106,9 @@ class NvmlSampler:
         if not self.gpus:
             nv.nvmlShutdown()
             raise SourceUnavailable("NVML sees no GPU")
+        if self.uuids is not None and not self.uuids & {g.uuid for g in self.gpus}:
+            # e.g. a MIG instance ("MIG-..." in NVML): rather every GPU than a series stuck at 0.
+            self.uuids = None
 
     def _field(self, gpu: _Gpu, key: str, call: Callable[[], Any]) -> Any:
         """``call()``, or None once the GPU has said it cannot answer ``key``."""
@@ -121,7 +124,8 @@ class NvmlSampler:
 
     def sample(self) -> None:
         nv, m = self.nvml, self.metrics
-        used_ours = process_ours = 0
+        used_ours = 0
+        process_ours: int | None = None
         for gpu in self.gpus:
             h, lab = gpu.handle, gpu.labels
             mem = self._field(gpu, "memory_v2", partial(nv.nvmlDeviceGetMemoryInfo, h, version=_MEMORY_V2))
@@ -134,10 +138,14 @@ class NvmlSampler:
             if self.uuids is None or gpu.uuid in self.uuids:
                 used_ours += int(mem.used)
             procs = self._field(gpu, "processes", partial(nv.nvmlDeviceGetComputeRunningProcesses, h))
-            if procs is not None:
-                mine = sum(int(p.usedGpuMemory or 0) for p in procs if p.pid == self.pid)
-                m.gpu_process_memory.labels(*lab, str(self.pid)).set(mine)
-                process_ours += mine
+            mine = [p for p in procs or () if p.pid == self.pid]
+            # Not listed: no context on this GPU, or (in a container without the host's pid
+            # namespace) NVML lists host pids. Either way there is no number to report, and a
+            # made-up 0 would hide a leak from the trend test.
+            if mine:
+                used = sum(int(p.usedGpuMemory or 0) for p in mine)
+                m.gpu_process_memory.labels(*lab, str(self.pid)).set(used)
+                process_ours = (process_ours or 0) + used
             util = self._field(gpu, "utilization", partial(nv.nvmlDeviceGetUtilizationRates, h))
             if util is not None:
                 m.gpu_utilization.labels(*lab).set(util.gpu / 100.0)
@@ -160,7 +168,8 @@ class NvmlSampler:
         if self.series is not None:
             now = self.clock()
             self.series.append("gpu_memory_used", now, used_ours)
-            self.series.append("gpu_process_memory", now, process_ours)
+            if process_ours is not None:
+                self.series.append("gpu_process_memory", now, process_ours)
 
     def _clock_events(self, gpu: _Gpu) -> int | None:
         nv, h = self.nvml, gpu.handle

@@ -33,7 +33,7 @@ def cuda_devices(device: torch.device) -> list[int]:
     return [device.index if device.index is not None else torch.cuda.current_device()]
 
 
-def _gpu_uuids(devices: list[int]) -> list[str] | None:
+def gpu_uuids(devices: list[int]) -> list[str] | None:
     """NVML-style UUIDs ("GPU-...") of the model's devices, to pick the GPUs for the leak series."""
     if not devices:
         return None
@@ -59,7 +59,7 @@ class Telemetry:
             MallocSampler(metrics, series),
             GcSampler(metrics),
             TorchCudaSampler(metrics, series, devices),
-            NvmlSampler(metrics, series, uuids=_gpu_uuids(devices)),
+            NvmlSampler(metrics, series, uuids=gpu_uuids(devices)),
         ]
         if mem.tracemalloc:
             samplers.append(TracemallocSampler(metrics))
@@ -72,7 +72,7 @@ class Telemetry:
                                                      **(resource_attributes or {})}
         if devices:
             self._resource_attributes["soakd.gpu.name"] = torch.cuda.get_device_name(devices[0])
-            uuids = _gpu_uuids(devices)
+            uuids = gpu_uuids(devices)
             if uuids:
                 self._resource_attributes["soakd.gpu.uuid"] = uuids[0]
         self.bridge: Any = None
