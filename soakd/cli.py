@@ -31,6 +31,7 @@ RUN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--summary-json": ("output.summary_json", {"metavar": "PATH"}),
     "--state-dir": ("state.dir", {"metavar": "DIR"}),
     "--run-id": ("state.run_id", {"metavar": "ID"}),
+    "--log-file": ("output.log_file", {"metavar": "PATH"}),
     "--memory-interval": ("memory.interval", {"metavar": "DUR"}),
     "--leak-warmup": ("leak.warmup", {"metavar": "DUR"}),
     "--leak-window": ("leak.window", {"metavar": "DUR"}),

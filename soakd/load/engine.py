@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from soakd.config import Config
-from soakd.load.arrivals import schedule
+from soakd.load.arrivals import gaps
 from soakd.load.batcher import Batcher
 from soakd.load.request import Request
 from soakd.load.stages import BAD_INPUT_KEY, PostprocessThread, PreprocessPool, pad_collate
@@ -93,6 +93,10 @@ class Engine:
         self.last_completion = 0.0
         self._old_switch = sys.getswitchinterval()
         self.last_progress = time.monotonic()  # for the watchdog: the last batch that finished
+        # Target load, changed while running by phases (ramp, probes): read once per completion
+        # (closed loop) or per arrival (open loop), written by one scheduler thread.
+        self._target = cfg.load.concurrency or 0
+        self._rate = cfg.load.rate or 0.0
         # Optional per-batch hook (size, dispatch time, end time, outcome), e.g. OTLP batch spans;
         # None when unused so the hot path pays one comparison.
         self.batch_hook: Callable[[int, float, float, str], None] | None = None
@@ -152,6 +156,21 @@ class Engine:
     def open_loop(self) -> bool:
         return self.cfg.load.rate is not None
 
+    def set_concurrency(self, n: int) -> None:
+        """Closed loop: requests to keep in flight. Raising it sends more at the next completion;
+        lowering it lets completions go without a replacement until the count is down to ``n``."""
+        self._target = max(1, int(n))
+
+    def set_rate(self, rps: float) -> None:
+        """Open loop: the arrivals thread spaces its next arrivals at this rate."""
+        if rps <= 0:
+            raise ValueError(f"rate must be > 0, got {rps}")
+        self._rate = float(rps)
+
+    @property
+    def target_load(self) -> float:
+        return self._rate if self.open_loop else float(self._target)
+
     def start(self) -> None:
         self.started_at = self.last_completion = self.clock()
         model = threading.Thread(target=self._model_loop, name="soakd-model", daemon=True)
@@ -199,9 +218,11 @@ class Engine:
     def _arrivals_loop(self) -> None:
         ld = self.cfg.load
         assert ld.rate is not None
-        times = schedule(self.started_at, ld.rate, ld.arrival, ld.burstiness, ld.seed)
+        # Gaps of a rate-1 process divided by the current rate: the same schedule as
+        # schedule(start, rate, ...) while the rate holds, and set_rate() takes effect at once.
+        unit = gaps(1.0, ld.arrival, ld.burstiness, ld.seed)
         cap = ld.max_inflight
-        next_t = next(times)
+        next_t = self.started_at + next(unit) / self._rate
         lags: list[float] = []
         dropped = 0
         last_flush = self.clock()
@@ -220,7 +241,7 @@ class Engine:
                 else:
                     key, tensor = source.next()
                     due.append(Request(next_t, now, key, tensor))
-                next_t = next(times)
+                next_t += next(unit) / self._rate
             if due:
                 self._sent += len(due)
                 if len(due) == 1:
@@ -243,7 +264,7 @@ class Engine:
     def _model_loop(self) -> None:
         if not self.open_loop:
             assert self.cfg.load.concurrency is not None
-            reqs = self._new_requests(self.cfg.load.concurrency)
+            reqs = self._new_requests(self._target)
             self._sent += len(reqs)
             self._inlet.put_many(reqs)
         device, cuda = self.device, self.device.type == "cuda"
@@ -278,6 +299,8 @@ class Engine:
             except Exception as exc:  # the soak goes on; the outcome says what happened
                 outcome = "oom" if _is_oom(exc) else "error"
                 self._log_error_once(exc)
+                if outcome == "oom" and cuda and self.cfg.batcher.empty_cache_on_oom:
+                    torch.cuda.empty_cache()  # hand cached blocks back so the next batch can fit
             t_end = self.clock()
             if outcome == "ok" and timeout is not None and t_end - t_dispatch > timeout:
                 outcome = "timeout"
@@ -308,9 +331,12 @@ class Engine:
         self.last_completion = t_end
         self.last_progress = time.monotonic()
         if not self.open_loop and not self.stop_event.is_set():
-            reqs = self._new_requests(n)
-            self._sent += n
-            self._inlet.put_many(reqs)
+            # Replace what finished, plus or minus any change of the target (set_concurrency).
+            k = max(0, self._target - (self._sent - self._done - n))
+            if k:
+                reqs = self._new_requests(k)
+                self._sent += k
+                self._inlet.put_many(reqs)
         self._done += n
         self.metrics.queue_depth.set(len(self.batcher))
         self.metrics.inflight.set(self._sent - self._done)
