@@ -151,3 +151,29 @@ def test_interval_is_honoured() -> None:
     time.sleep(1.05)
     sched.shutdown()
     assert 7 <= src.samples <= 13
+
+
+def test_open_that_overruns_is_used_once_it_returns() -> None:
+    """A slow nvmlInit-like open marks the source hung; when it returns the source samples
+    without opening a second time."""
+    release = threading.Event()
+
+    class SlowOpen(Counting):
+        opens = 0
+
+        def open(self) -> None:
+            self.opens += 1
+            release.wait()
+
+    m = Metrics()
+    sched = SamplerScheduler(m, sample_timeout=0.1)
+    src = SlowOpen("slow")
+    sched.add(src, 60)
+    assert not sched.run_once("slow")
+    assert sched.states()["slow"] == "hung"
+    assert not sched.run_once("slow")  # still inside open(): not re-entered
+    release.set()
+    wait_for(lambda: sched.run_once("slow"), 5, 0.05, "the source to sample after its open returned")
+    assert src.opens == 1 and src.samples == 1
+    assert value(m, "soakd_collector_up", source="slow") == 1
+    sched.shutdown()

@@ -107,6 +107,7 @@ class _Source:
         self.duration = metrics.collector_duration.labels(self.name)
         self.last_success = metrics.collector_last_success.labels(self.name)
         self.opened = False
+        self.overran: str | None = None  # "open" or "sample": a call still running past the timeout
         self.state = "new"  # new | up | failing | hung | absent
         self.samples = 0
         self.failures = 0
@@ -176,6 +177,11 @@ class SamplerScheduler:
         if src.worker.busy:
             # Still inside the hung call from an earlier tick: do not pile up another one.
             return False
+        if src.overran == "open":  # the open that overran has returned: use its outcome
+            src.overran = None
+            if not self._opened(src):
+                return False
+        src.overran = None
         if not src.opened and not self._open(src):
             return False
         src.worker.submit(src.sampler.sample)
@@ -189,6 +195,7 @@ class SamplerScheduler:
                     name, self.sample_timeout,
                 )
             src.state = "hung"
+            src.overran = "sample"
             return False
         src.duration.set(src.worker.duration)
         if src.worker.error is not None:
@@ -209,7 +216,12 @@ class SamplerScheduler:
                 log.warning("telemetry source %s: open still running after %.1fs; marked down",
                             src.name, self.sample_timeout)
             src.state = "hung"
+            src.overran = "open"
             return False
+        return self._opened(src)
+
+    def _opened(self, src: _Source) -> bool:
+        """Act on the outcome of the source's finished ``open()``; True when it is ready to sample."""
         err = src.worker.error
         if isinstance(err, SourceUnavailable):
             src.state = "absent"
