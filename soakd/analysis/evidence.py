@@ -47,7 +47,10 @@ class CudaHistory:
 
     def start(self) -> None:
         if not self.recording:
-            self._torch.cuda.memory._record_memory_history(max_entries=self.max_entries, device=self.device)
+            # Python stacks only: symbolising C++ frames makes a dump take minutes.
+            self._torch.cuda.memory._record_memory_history(
+                max_entries=self.max_entries, stacks="python", device=self.device
+            )
             self.recording = True
             log.info("recording CUDA allocation history (ring of %d entries)", self.max_entries)
 

@@ -122,10 +122,10 @@ class LeakMonitor:
         verdict = Verdict(name, state.suspected, j, eta)
         self.verdicts[name] = verdict
         self._export(verdict)
+        if flipped:
+            self._report(verdict, now)  # evidence first: the snapshot needs the ring still on
         if self.evidence is not None:
             self.evidence.building(name, state.rising)
-        if flipped:
-            self._report(verdict, now)
 
     def _eta(self, name: str, j: Judgement) -> float:
         slope = j.slope_bytes_per_hour

@@ -1,0 +1,189 @@
+"""Leak monitor: gauges per series, persistence, events, exhaustion ETA and evidence."""
+
+from __future__ import annotations
+
+import math
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from soakd.analysis.evidence import Evidence
+from soakd.analysis.monitor import LeakMonitor
+from soakd.config import LeakConfig
+from soakd.telemetry.catalogue import Metrics
+from soakd.telemetry.series import SeriesStore
+
+MIB = float(1 << 20)
+T0 = 1_700_000_000.0
+
+
+def fast_leak_config(**kw: Any) -> LeakConfig:
+    """Minutes instead of hours, so a test feeds a few hundred samples."""
+    base: dict[str, Any] = dict(warmup=60.0, window=1800.0, bin=10.0, trough_span=20.0, min_span=120.0,
+                                persistence=60.0, evaluate_interval=10.0)
+    base.update(kw)
+    return LeakConfig(**base)
+
+
+def feed(store: SeriesStore, series: str, t: np.ndarray, v: np.ndarray) -> None:
+    for a, b in zip(t, v, strict=True):
+        store.append(series, float(a), float(b))
+
+
+def gauge(metrics: Metrics, name: str, series: str) -> float:
+    value = metrics.registry.get_sample_value(f"soakd_{name}", {"series": series})
+    assert value is not None, (name, series)
+    return value
+
+
+class Events:
+    def __init__(self) -> None:
+        self.items: list[tuple[str, dict[str, Any]]] = []
+
+    def __call__(self, kind: str, detail: dict[str, Any]) -> None:
+        self.items.append((kind, detail))
+
+
+def run_until(monitor: LeakMonitor, store: SeriesStore, series: dict[str, Any], end: float,
+              step: float = 10.0) -> None:
+    """Feed each series' samples up to each evaluation time, evaluating every ``step`` s."""
+    fed = dict.fromkeys(series, 0)
+    for now in np.arange(T0 + step, T0 + end + 1e-9, step):
+        for name, (t, v) in series.items():
+            hi = int(np.searchsorted(t, now, side="right"))
+            feed(store, name, t[fed[name]:hi], v[fed[name]:hi])
+            fed[name] = hi
+        monitor.evaluate(now)
+
+
+@pytest.fixture
+def traces() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    t = T0 + np.arange(0.0, 900.0, 1.0)
+    leak = 1e9 + 3600 * MIB * (t - T0) / 3600.0 + rng.normal(0, 0.2 * MIB, t.size)  # 1 MiB/s
+    flat = 2e9 + rng.normal(0, 0.2 * MIB, t.size)
+    return {"host_rss": (t, leak), "torch_cuda_allocated": (t, flat)}
+
+
+def test_gauges_events_and_eta(traces: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+    """A leaking series flips to suspected once (an event), with slope, p and ETA exported;
+    a flat series stays clear with an infinite ETA."""
+    store, metrics, events = SeriesStore(), Metrics(), Events()
+    headroom = {"host_rss": 3600 * MIB, "torch_cuda_allocated": 1e9}
+    monitor = LeakMonitor(store, metrics, fast_leak_config(), headroom.get, events, since=T0)
+    run_until(monitor, store, traces, 900.0)
+    assert gauge(metrics, "leak_suspected", "host_rss") == 1
+    assert gauge(metrics, "leak_slope_bytes_per_hour", "host_rss") == pytest.approx(3600 * MIB, rel=0.05)
+    assert gauge(metrics, "leak_p_value", "host_rss") < 0.01
+    # 3600 MiB of headroom at 3600 MiB/h: an hour.
+    assert gauge(metrics, "memory_exhaustion_eta_seconds", "host_rss") == pytest.approx(3600, rel=0.05)
+    assert gauge(metrics, "leak_suspected", "torch_cuda_allocated") == 0
+    assert math.isinf(gauge(metrics, "memory_exhaustion_eta_seconds", "torch_cuda_allocated"))
+    assert [k for k, d in events.items] == ["leak_suspected"]
+    detail = events.items[0][1]
+    assert detail["series"] == "host_rss" and detail["slope_bytes_per_hour"] > 0
+    # Series with no samples have no gauges at all (nothing to judge, nothing to claim).
+    assert metrics.registry.get_sample_value("soakd_leak_suspected", {"series": "gpu_memory_used"}) is None
+
+
+def test_verdict_clears_after_the_leak_stops() -> None:
+    store, events = SeriesStore(), Events()
+    t = T0 + np.arange(0.0, 1800.0, 1.0)
+    v = 1e9 + np.minimum(t - T0, 600.0) * MIB  # grows for 10 minutes, then holds
+    monitor = LeakMonitor(store, None, fast_leak_config(window=300.0), lambda s: None, events, since=T0)
+    run_until(monitor, store, {"host_rss": (t, v)}, 1800.0)
+    assert [k for k, _ in events.items] == ["leak_suspected", "leak_cleared"]
+    assert not monitor.verdicts["host_rss"].suspected
+
+
+def test_unknown_limit_gives_nan_eta(traces: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+    store = SeriesStore()
+    monitor = LeakMonitor(store, Metrics(), fast_leak_config(), lambda s: None, since=T0)
+    run_until(monitor, store, {"host_rss": traces["host_rss"]}, 900.0)
+    assert math.isnan(monitor.verdicts["host_rss"].eta_seconds)
+
+
+class FakeCudaHistory:
+    """Stands in for torch's allocation-history ring; records what the evidence did."""
+
+    def __init__(self) -> None:
+        self.recording = False
+        self.calls: list[str] = []
+
+    def start(self) -> None:
+        if not self.recording:
+            self.calls.append("start")
+        self.recording = True
+
+    def stop(self) -> None:
+        if self.recording:
+            self.calls.append("stop")
+        self.recording = False
+
+    def dump(self, path: Path) -> None:
+        self.calls.append("dump")
+        path.write_bytes(b"snapshot")
+
+
+def test_cuda_history_records_only_while_suspicion_builds(tmp_path: Path) -> None:
+    """auto: the ring starts when judgements turn positive, the snapshot is dumped on the flip,
+    then the ring stops."""
+    store, events, cuda = SeriesStore(), Events(), FakeCudaHistory()
+    evidence = Evidence(tmp_path, cuda_history="auto", cuda=cuda)  # type: ignore[arg-type]
+    t = T0 + np.arange(0.0, 900.0, 1.0)
+    v = 1e9 + (t - T0) * MIB
+    monitor = LeakMonitor(store, None, fast_leak_config(), lambda s: 1e12, events, evidence=evidence,
+                          since=T0)
+    run_until(monitor, store, {"torch_cuda_allocated": (t, v)}, 900.0)
+    assert cuda.calls == ["start", "dump", "stop"]
+    (kind, detail), = events.items
+    assert kind == "leak_suspected" and detail["allocation_history"] is True
+    assert Path(detail["snapshot"]).parent == tmp_path and Path(detail["snapshot"]).exists()
+
+
+def test_cuda_history_modes() -> None:
+    always = FakeCudaHistory()
+    Evidence(None, cuda_history="always", cuda=always)  # type: ignore[arg-type]
+    assert always.recording
+    off = FakeCudaHistory()
+    ev = Evidence(None, cuda_history="off", cuda=off)  # type: ignore[arg-type]
+    ev.building("torch_cuda_allocated", True)
+    assert not off.recording and off.calls == []
+
+
+def test_host_evidence_tells_allocator_retention_from_a_leak() -> None:
+    rss = iter([500 * MIB, 420 * MIB, 500 * MIB, 499 * MIB])
+    trims: list[int] = []
+    ev = Evidence(None, malloc_trim=lambda: trims.append(1) or 1, rss=lambda: next(rss))
+    held = ev.collect("host_rss", growth_bytes=100 * MIB)
+    assert held == {"malloc_trim_released_bytes": 80 * MIB, "allocator_retention": True}
+    leaked = ev.collect("host_rss", growth_bytes=100 * MIB)
+    assert leaked["allocator_retention"] is False and len(trims) == 2
+
+
+@pytest.fixture
+def tracing() -> Iterator[None]:
+    tracemalloc.start()
+    yield
+    tracemalloc.stop()
+
+
+def test_host_evidence_lists_growing_allocation_sites(tracing: None) -> None:
+    ev = Evidence(None, malloc_trim=False)
+    ev.open()
+    hoard = [bytearray(4096) for _ in range(500)]  # noqa: F841 - the growth to find
+    sites = ev.collect("host_uss", growth_bytes=2e6)["top_growing_sites"]
+    assert sites and "test_leak_monitor.py" in sites[0]["site"] and sites[0]["size_diff_bytes"] >= 2e6
+
+
+def test_real_malloc_trim_probe_runs() -> None:
+    """On glibc the probe calls malloc_trim(0) for real and reports what came back."""
+    ev = Evidence(None)
+    if ev.malloc_trim is None:
+        pytest.skip("no glibc malloc_trim here")
+    out = ev.collect("malloc_in_use", growth_bytes=1e12)
+    assert out["malloc_trim_released_bytes"] >= 0 and out["allocator_retention"] is False
