@@ -44,7 +44,9 @@ def series_summary(name: str, t: Array, v: Array, leak: LeakConfig,
                seconds=round(float(t[-1] - t[0]), 3))
     line = trend_line(t, v)
     out["trend_bytes_per_hour"] = None if line is None else round(line[0] * 3600.0, 3)
-    if live is not None and live.get("suspected") is not None:
+    # The monitor exports suspected=0 (and a NaN slope) while a series is still warming up:
+    # that is "not judged yet", not "no leak".
+    if live is not None and (live.get("suspected") or live.get("slope_bytes_per_hour") is not None):
         suspected = bool(live["suspected"])
         out.update(leak_suspected=suspected, slope_bytes_per_hour=_finite(live.get("slope_bytes_per_hour")),
                    p_value=_finite(live.get("p_value")), verdict_source="leak monitor",

@@ -1,0 +1,119 @@
+"""The HTML (and Markdown) report: self-contained, plotted, fingerprinted, escaped, and
+rendered by a real headless browser."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from soakd.report.document import ReportDoc
+from soakd.report.html import render_html
+from soakd.report.markdown import render_markdown
+from tests.report_runs import Run, runs, soakd
+
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+# Anything a browser would fetch: src/href/xlink:href/url() to a network or protocol-relative
+# address, external scripts or stylesheets, @import.
+NETWORK_REF = re.compile(r"""(?:src|href|action|poster|data)\s*=\s*["']?\s*(?:https?:)?//"""
+                         r"""|url\(\s*["']?\s*(?:https?:)?//"""
+                         r"""|<script[^>]*\bsrc\b|<link\b[^>]*\bhref\b|@import""", re.IGNORECASE)
+
+
+@pytest.fixture(scope="module")
+def fast() -> Run:
+    run = runs("fast")["fast"]
+    assert run.rc == 0, run.describe()
+    return run
+
+
+@pytest.fixture(scope="module")
+def html(fast: Run) -> str:
+    return fast.report_path.read_text(encoding="utf-8")
+
+
+class TestSelfContained:
+    def test_no_network_references(self, html: str) -> None:
+        """Nothing in the file points at the network: it opens the same offline, years later."""
+        assert NETWORK_REF.search(html) is None, NETWORK_REF.search(html)
+        assert "<script" not in html.lower()
+
+    def test_plots_are_inline_svg(self, html: str) -> None:
+        """Throughput, latency over time, distribution, batch sizes and memory are drawn inline."""
+        assert html.count("<svg") >= 5
+        for caption in ("Throughput per window", "Latency per stage per window",
+                        "Latency distribution per stage", "Batches per size", "host_rss:"):
+            assert caption in html
+
+    def test_verdict_comes_first(self, html: str) -> None:
+        """The verdict heading is the first thing after the title, with every SLO check in it."""
+        body = html[html.index("<body>"):]
+        assert body.index("Verdict: SLOs met") < body.index("<svg")
+        for check in ("p99 e2e", "p99 inference", "error ratio", "throughput", "no leak host_rss"):
+            assert check in body[:body.index("<h2>Overview")]
+
+    def test_fingerprint(self, fast: Run, html: str) -> None:
+        """The result is bound to the model bytes, software, hardware and config."""
+        run = fast.summary["run"]
+        for value in (run["model_sha256"], run["torch_version"], run["model"], run["cpu_model"], run["host"],
+                      run["soakd_version"], "allocator env", "batch_ms"):
+            assert str(value) in html, value
+
+    def test_report_command_writes_the_same_report(self, fast: Run, tmp_path: Path) -> None:
+        """`soakd report --format html` for the run gives an equivalent file."""
+        out = tmp_path / "r.html"
+        res = soakd("report", "--state-dir", str(fast.state_dir), "--run-id", fast.run_id, "--format", "html",
+                    "--output", str(out))
+        assert res.returncode == 0, res.stderr
+        text = out.read_text()
+        assert "Verdict: SLOs met" in text and text.count("<svg") >= 5
+        assert NETWORK_REF.search(text) is None
+
+    def test_markdown_has_the_same_content_as_tables(self, fast: Run) -> None:
+        """--format md: verdict, percentiles, windows, memory, events and fingerprint as tables."""
+        res = soakd("report", "--state-dir", str(fast.state_dir), "--format", "md")
+        assert res.returncode == 0, res.stderr
+        md = res.stdout
+        for heading in ("## Verdict: SLOs met", "## Latency percentiles (ms)",
+                        "## Throughput and p99 per window", "## Memory", "## Events", "## Fingerprint"):
+            assert heading in md
+        assert f"| model sha256 | {fast.summary['run']['model_sha256']} |" in md
+        assert re.search(r"^\| e2e \| [\d.]+ \|", md, re.MULTILINE)
+
+
+def test_text_is_escaped() -> None:
+    """Event details, series names and config values cannot inject markup."""
+    evil = "<script>alert(1)</script>"
+    t = np.arange(10, dtype=np.float64)
+    doc = ReportDoc(data={
+        "run_id": evil, "requests": {"ok": 1}, "latency_ms": {"e2e": {"p99": 1.0}},
+        "events": [{"t": "now", "segment": 1, "kind": "error", "detail": evil}],
+        "memory": {evil: {"first": 1.0, "verdict": evil}},
+        "run": {"model": evil, "config": {"model": {"spec": evil}}},
+    }, samples={evil: (t, t * 1000)}, t0=0.0)
+    page = render_html(doc)
+    assert "<script" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    md = render_markdown(ReportDoc(data={**doc.data, "events": [{"detail": "a | b\nc"}]}))
+    assert "a \\| b c" in md
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs chromium")
+def test_renders_in_a_headless_browser(fast: Run, tmp_path: Path) -> None:
+    """A real browser opens the file offline: the DOM has the verdict and plots, no load errors."""
+    assert CHROMIUM is not None
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+           "--disable-component-update", "--disable-sync", "--no-first-run",
+           "--enable-logging=stderr", "--v=0",
+           f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", fast.report_path.resolve().as_uri()]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    dom = res.stdout
+    assert re.search(r'<h2 id="verdict-heading">Verdict: SLOs met</h2>', dom), dom[:2000]
+    assert dom.count("<svg") >= 5
+    problems = [line for line in res.stderr.splitlines() if "Uncaught" in line or "ERR_" in line]
+    assert problems == []
