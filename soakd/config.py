@@ -146,9 +146,25 @@ class OtelConfig:
 
 @dataclass
 class SloConfig:
-    p99_ms: float | None = None
+    p99_ms: float | None = None  # end-to-end
     max_error_ratio: float | None = None
     min_throughput_rps: float | None = None
+    stage_p99_ms: dict[str, float] = field(default_factory=dict)  # per stage, e.g. {inference = 20.0}
+    no_leak: list[str] = field(default_factory=list)  # memory series that must not be judged leaking
+    min_duration: float | None = _duration(None)  # a shorter run cannot pass (too short to judge)
+
+
+@dataclass
+class CompareConfig:
+    """``soakd compare`` gates: a change counts as a regression only when it is past the
+    threshold and outside the noise (a bootstrap interval over per-window values)."""
+
+    max_throughput_drop: float = 0.05  # share of A's throughput
+    max_p99_increase: float = 0.10  # share of A's p99, per stage
+    max_error_ratio_increase: float = 0.001  # absolute
+    leak: bool = True  # a leak suspected in B and not in A is a regression
+    confidence: float = 0.95
+    resamples: int = 2000
 
 
 @dataclass
@@ -164,6 +180,7 @@ class Config:
     leak: LeakConfig = field(default_factory=LeakConfig)
     otel: OtelConfig = field(default_factory=OtelConfig)
     slo: SloConfig = field(default_factory=SloConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -230,6 +247,11 @@ def _coerce(value: Any, tp: Any, path: str, meta: typing.Mapping[str, Any]) -> A
         if vtp is Any:
             return dict(value)
         return {k: _coerce(v, vtp, f"{path}.{k}", {}) for k, v in value.items()}
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        (etp,) = typing.get_args(tp)
+        return [_coerce(v, etp, f"{path}[{i}]", {}) for i, v in enumerate(value)]
     raise ConfigError(f"{path}: unsupported type {tp!r}")  # pragma: no cover - programming error
 
 
@@ -369,3 +391,15 @@ def validate(cfg: Config) -> None:
     for name in ("p99_ms", "max_error_ratio", "min_throughput_rps"):
         v = getattr(cfg.slo, name)
         _require(v is None or v >= 0, f"slo.{name}: must be >= 0, got {v}")
+    from soakd.telemetry.catalogue import STAGES
+
+    for stage, limit in cfg.slo.stage_p99_ms.items():
+        _require(stage in STAGES, f"slo.stage_p99_ms.{stage}: unknown stage (known: {', '.join(STAGES)})")
+        _require(limit >= 0, f"slo.stage_p99_ms.{stage}: must be >= 0, got {limit}")
+    cp = cfg.compare
+    _require(0 <= cp.max_throughput_drop < 1,
+             f"compare.max_throughput_drop: must be within [0, 1), got {cp.max_throughput_drop}")
+    for name in ("max_p99_increase", "max_error_ratio_increase"):
+        _require(getattr(cp, name) >= 0, f"compare.{name}: must be >= 0, got {getattr(cp, name)}")
+    _require(0.5 <= cp.confidence < 1, f"compare.confidence: must be within [0.5, 1), got {cp.confidence}")
+    _require(cp.resamples >= 100, f"compare.resamples: must be >= 100, got {cp.resamples}")
