@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import logging
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import wait_for
+from conftest import free_port, wait_for
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
@@ -169,3 +170,26 @@ def test_daemon_pushes_metrics_and_batch_spans(daemon_factory: Any, receiver: Re
     assert spans and all(s.name == "batch" for s in spans)
     assert all(s.end_time_unix_nano >= s.start_time_unix_nano > 0 for s in spans)
     assert d.stop() == 0
+
+
+def test_unreachable_collector_is_logged_once_per_period(caplog: pytest.LogCaptureFixture) -> None:
+    """Failed exports to a closed port: the exporter's warnings and errors pass once, then are held."""
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+    from soakd.telemetry.otlp import RepeatFilter
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    flt = RepeatFilter(period=600)
+    flt.install()
+    caplog.set_level(logging.INFO)
+    try:
+        bridge = RegistryBridge(Metrics().registry, build_resource({}), 60,
+                                OTLPMetricExporter(endpoint=url + "/v1/metrics", timeout=0.5))
+        results = [bridge.export_once() for _ in range(3)]
+    finally:
+        flt.remove()
+    assert results == [False, False, False] and bridge.failures == 3
+    sdk = [r for r in caplog.records if r.name.startswith("opentelemetry.exporter")]
+    assert 1 <= len(sdk) <= 2  # one per level (a warning and an error), not two per export
+    ours = [r for r in caplog.records if r.name == "soakd.otlp"]
+    assert len(ours) == 1

@@ -20,7 +20,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
 from opentelemetry.sdk.metrics.export import (
@@ -49,6 +49,46 @@ log = logging.getLogger("soakd.otlp")
 _GENERIC = "OTEL_EXPORTER_OTLP_ENDPOINT"
 _METRICS = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
 _TRACES = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+
+# The exporters log every failed export (two lines each, every export interval): a collector down
+# for a day would flood the journal. Their loggers get a filter that lets one record per logger
+# and level through per period.
+_EXPORTER_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.http._common",
+    "opentelemetry.exporter.otlp.common.http",
+    "opentelemetry.sdk.trace.export",
+)
+
+
+class RepeatFilter(logging.Filter):
+    """Passes one record per (logger, level) per ``period`` seconds."""
+
+    def __init__(self, period: float = 600.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.period = period
+        self.clock = clock
+        self._last: dict[tuple[str, int], float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key, now = (record.name, record.levelno), self.clock()
+        last = self._last.get(key)
+        if last is not None and now - last < self.period:
+            return False
+        self._last[key] = now
+        if isinstance(record.msg, str):
+            record.msg += f" (repeats suppressed for {self.period:.0f}s)"
+        return True
+
+    def install(self) -> None:
+        for name in _EXPORTER_LOGGERS:
+            logging.getLogger(name).addFilter(self)
+
+    def remove(self) -> None:
+        for name in _EXPORTER_LOGGERS:
+            logging.getLogger(name).removeFilter(self)
+
 
 _UNITS = (("_bytes", "By"), ("_seconds", "s"), ("_ratio", "1"), ("_hertz", "Hz"), ("_watts", "W"),
           ("_joules", "J"), ("_celsius", "Cel"))

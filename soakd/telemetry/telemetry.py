@@ -78,6 +78,7 @@ class Telemetry:
         self.bridge: Any = None
         self.tracer: Any = None
         self.batch_hook: BatchHook | None = None
+        self._log_filter: Any = None
 
     def start(self) -> None:
         self.scheduler.start()
@@ -90,8 +91,10 @@ class Telemetry:
         if not (want_metrics or want_traces):
             return
         # Imported only when wanted: the exporters pull in requests and protobuf.
-        from soakd.telemetry.otlp import BatchTracer, RegistryBridge, build_resource
+        from soakd.telemetry.otlp import BatchTracer, RegistryBridge, RepeatFilter, build_resource
 
+        self._log_filter = RepeatFilter()
+        self._log_filter.install()
         resource = build_resource(self._resource_attributes)
         if want_metrics:
             self.bridge = RegistryBridge(self.metrics.registry, resource, self.cfg.otel.export_interval)
@@ -109,3 +112,6 @@ class Telemetry:
         if self.tracer is not None:
             self.tracer.shutdown()
             self.tracer = None
+        if self._log_filter is not None:
+            self._log_filter.remove()
+            self._log_filter = None
