@@ -200,12 +200,24 @@ def test_every_panel_query_parses_and_non_gpu_panels_show_data(stack: Stack) -> 
     while pending and time.monotonic() < deadline:
         time.sleep(2)
         pending = {e: w for e, w in pending.items() if not _has_data(stack.query(e))}
+    # A quantile of events that did not happen in its window (no GC pause in 10 minutes) is NaN:
+    # Grafana shows a gap, which is the truth. Accept that only when the event count is flat.
+    pending = {e: w for e, w in pending.items() if not _no_events(stack, e)}
     assert not pending, "panels without data from a live soakd:\n" + "\n".join(
         f"  {', '.join(sorted(set(w)))}: {e}" for e, w in pending.items()
     )
     assert stack.soakd.proc.poll() is None, stack.soakd.output()
     gpu_panels = sorted({w for ws in gpu_empty.values() for w in ws})
     print("GPU panels without data on this host:", *gpu_panels, sep="\n  ")  # shown with -s
+
+
+def _no_events(stack: Stack, expr: str) -> bool:
+    """True when ``expr`` is a histogram_quantile whose histogram counted nothing in its window."""
+    m = re.search(r"rate\((\w+)_bucket(\{[^}]*\})\[(\w+)\]\)", expr)
+    if "histogram_quantile" not in expr or m is None:
+        return False
+    counts = _values(stack.query(f"sum(increase({m[1]}_count{m[2]}[{m[3]}]))"))
+    return bool(counts) and all(c == 0 for c in counts)
 
 
 def test_every_rule_loads_and_evaluates_healthy(stack: Stack) -> None:
