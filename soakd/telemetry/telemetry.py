@@ -44,9 +44,10 @@ def gpu_uuids(devices: list[int]) -> list[str] | None:
 
 
 class Telemetry:
+    """Every sampler on one scheduler at ``memory.interval``, and OTLP when asked for."""
+
     def __init__(self, cfg: Config, metrics: Metrics, series: SeriesStore, device: torch.device,
-                 *, resource_attributes: dict[str, Any] | None = None,
-                 extra_samplers: list[Sampler] | None = None) -> None:
+                 *, resource_attributes: dict[str, Any] | None = None) -> None:
         mem = cfg.memory
         self.cfg = cfg
         self.metrics = metrics
@@ -63,7 +64,6 @@ class Telemetry:
         ]
         if mem.tracemalloc:
             samplers.append(TracemallocSampler(metrics))
-        samplers.extend(extra_samplers or [])
         for s in samplers:
             self.scheduler.add(s, mem.interval)
         if mem.snapshot_interval is not None:
