@@ -264,9 +264,13 @@ def overview() -> Json:
     }
     panels: list[Json] = [
         row("Run"),
-        panel("Run", [target(f"soakd_run_info{{{SEL}}}", instant=True, fmt="table")], "none", kind="table", w=24, h=5,
-              description="The run fingerprint: model, device, torch and CUDA versions, load mode.",
-              options={"showHeader": True, "cellHeight": "sm"}),
+        {**panel("Run", [target(f"soakd_run_info{{{SEL}}}", instant=True, fmt="table")], "none", kind="table", w=24, h=5,
+                 description="The run fingerprint: model, device, torch and CUDA versions, load mode.",
+                 options={"showHeader": True, "cellHeight": "sm"}),
+         "transformations": [{"id": "organize", "options": {
+             "excludeByName": {"Time": True, "Value": True, "__name__": True},
+             "indexByName": {"instance": 0, "run_id": 1, "model": 2, "device": 3, "device_name": 4, "mode": 5},
+         }}]},
         stat("Phase", [target(f"soakd_phase_info{{{SEL}}} == 1", "{{instance}} {{phase}}", instant=True)], "none",
              text="name", description="loading, warmup, ramp, steady, probe, draining, done."),
         stat("Running for", [target(f"time() - soakd_run_start_time_seconds{{{SEL}}}", "{{instance}}")], "s"),
