@@ -82,7 +82,8 @@ def stage_shares(seconds: float, workers: int, concurrency: int) -> None:
     print(f"\nbuiltin:convnet on CPU, JPEG samples {RESOLUTIONS[0][0]}x{RESOLUTIONS[0][1]}.."
           f"{RESOLUTIONS[-1][0]}x{RESOLUTIONS[-1][1]} -> 224x224, concurrency {concurrency}, "
           f"{workers} preprocess workers, torch threads {torch.get_num_threads()}")
-    print(f"  {stats.completed['ok'] / stats.elapsed:.1f} req/s; mean batch {engine.batch_size_summary()['mean']:.2f}")
+    mean_batch = engine.batch_size_summary()["mean"]
+    print(f"  {stats.completed['ok'] / stats.elapsed:.1f} req/s; mean batch {mean_batch:.2f}")
     print(f"  {'stage':<12}{'mean ms':>10}{'share of e2e':>14}")
     for stage in ("preprocess", "queue", "inference", "postprocess"):
         print(f"  {stage:<12}{means[stage]:>10.2f}{means[stage] / e2e:>13.1%}")
@@ -91,7 +92,8 @@ def stage_shares(seconds: float, workers: int, concurrency: int) -> None:
     print(f"  {'e2e':<12}{e2e:>10.2f}{1:>13.1%}")
     pool = engine.preprocess_pool
     if pool is not None:
-        print(f"  preprocess pool busy {pool.busy_seconds() / (stats.elapsed * workers):.0%} of {workers} workers")
+        busy = pool.busy_seconds() / (stats.elapsed * workers)
+        print(f"  preprocess pool busy {busy:.0%} of {workers} workers")
 
 
 def main() -> None:

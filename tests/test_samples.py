@@ -7,6 +7,8 @@ import base64
 import io
 import json
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +16,13 @@ import pytest
 import torch
 from PIL import Image
 
+from soakd.config import load_config
+from soakd.load.engine import Engine
+from soakd.telemetry.catalogue import Metrics
 from soakd.workload.preprocess import BadInput, Preprocessor, TextLine
 from soakd.workload.samples import SampleSource
-from tests.conftest import metric_value, wait_for
+from soakd.workload.sources import build_source
+from tests.conftest import metric_value, soakd_cmd, wait_for
 
 SIZES = [(64, 48), (300, 200), (640, 480), (97, 131), (1, 1), (1024, 768)]
 CORRUPT = ("truncated.jpg", "empty.png", "garbage.png", "notjson.json", "badb64.json")
@@ -161,10 +167,6 @@ def test_replay_counts_ok_and_bad_input_and_times_every_stage(daemon_factory, tm
 
 def test_detector_samples_run_through_nms(tmp_path: Path) -> None:
     """builtin:detector on image samples picks detection post-processing by its output shape."""
-    import subprocess
-
-    from tests.conftest import soakd_cmd
-
     samples = tmp_path / "s"
     samples.mkdir()
     for i in range(3):
@@ -181,3 +183,26 @@ def test_detector_samples_run_through_nms(tmp_path: Path) -> None:
     summary = json.loads(out.read_text())
     assert summary["requests"]["ok"] > 0 and summary["requests"]["error"] == 0
     assert summary["latency_ms"]["postprocess"]["count"] == summary["requests"]["ok"]
+
+
+def test_text_lines_replay_as_padded_token_batches(tmp_path: Path) -> None:
+    """Lines of text become token requests of their own lengths; padded, they share batches; an
+    empty text file is bad input."""
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "again", "and", "again"]
+    (tmp_path / "lines.txt").write_text("\n".join(" ".join(words[: 1 + i % 11]) for i in range(40)))
+    (tmp_path / "empty.txt").write_text("")
+    cfg = load_config(None, {"input.samples": str(tmp_path), "input.pad": True, "input.postprocess": "none",
+                             "load.concurrency": 16, "batcher.max_batch_size": 8})
+    shapes: list[tuple[int, ...]] = []
+    engine = Engine(lambda x: shapes.append(tuple(x.shape)) or x, torch.device("cpu"),
+                    build_source(cfg, None, torch.float32), cfg, Metrics())
+    engine.start()
+    deadline = time.monotonic() + 60
+    while engine.stats().completed["ok"] < 500 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    engine.stop()
+    stats = engine.stats()
+    assert stats.completed["ok"] >= 500 and stats.completed["bad_input"] > 0
+    assert stats.stages["preprocess"].count == stats.completed["ok"]
+    assert engine.batch_size_summary()["mean"] > 1
+    assert {s[1] for s in shapes} <= set(range(1, 12)) and engine.shapes_seen > 1

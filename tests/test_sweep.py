@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from soakd.analysis.sweep import find_knee, plan, recommend
+from soakd.analysis.sweep import Mark, find_knee, is_stable, plan, recommend
 from soakd.config import ConfigError, load_config
+from soakd.load.engine import EngineStats
+from soakd.telemetry.histogram import HistSnapshot, LogHistogram
 from tests.conftest import soakd_cmd
 
 STEP_KEYS = {
@@ -33,7 +35,8 @@ def _steps(rows: list[tuple[int, float, float]]) -> list[dict[str, object]]:
 def _sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     cfg = tmp_path / "sleep.toml"
     # A model with a fixed per-batch cost and a small per-item one: batching pays, up to a point.
-    cfg.write_text('[model]\nspec = "builtin:sleep"\nwarmup = 2\noptions = { batch_ms = 2.0, item_ms = 0.1 }\n')
+    cfg.write_text('[model]\nspec = "builtin:sleep"\nwarmup = 2\n'
+                   'options = { batch_ms = 2.0, item_ms = 0.1 }\n')
     return subprocess.run(soakd_cmd("sweep", "--config", str(cfg), *args), capture_output=True, text=True,
                           timeout=120)
 
@@ -49,7 +52,7 @@ def test_sweep_over_batch_sizes_reports_every_field_and_a_recommendation(tmp_pat
     steps = result["steps"]
     assert [s["max_batch_size"] for s in steps] == [1, 4, 16]
     for s in steps:
-        assert STEP_KEYS <= set(s), STEP_KEYS - set(s)
+        assert set(s) >= STEP_KEYS, STEP_KEYS - set(s)
         assert s["concurrency"] == 16 and s["throughput_rps"] > 0
         assert 0 < s["p50_ms"] <= s["p90_ms"] <= s["p99_ms"]
         assert s["peak_host_rss_bytes"] > 0 and s["peak_gpu_memory_bytes"] is None  # CPU
@@ -68,7 +71,8 @@ def test_sweep_over_batch_sizes_reports_every_field_and_a_recommendation(tmp_pat
 def test_no_step_meeting_the_slo_exits_1(tmp_path: Path) -> None:
     """An SLO nothing can meet: the steps are still reported, no recommendation, exit 1."""
     out = tmp_path / "sweep.json"
-    proc = _sweep(tmp_path, "--rate", "200", "--step-duration", "1s", "--slo-p99-ms", "0.001", "--json", str(out))
+    proc = _sweep(tmp_path, "--rate", "200", "--step-duration", "1s", "--slo-p99-ms", "0.001",
+                  "--json", str(out))
     assert proc.returncode == 1, proc.stderr
     result = json.loads(out.read_text())
     assert result["mode"] == "rate" and result["steps"][0]["rate"] == 200
@@ -113,7 +117,8 @@ class TestPlan:
     def test_grid_of_load_and_batch_size(self) -> None:
         p = plan(load_config(None), _ns(sweep_concurrency="1,8", sweep_max_batch_size="4,16"))
         assert p.mode == "concurrency"
-        assert [(s["concurrency"], s["max_batch_size"]) for s in p.steps] == [(1, 4), (1, 16), (8, 4), (8, 16)]
+        grid = [(s["concurrency"], s["max_batch_size"]) for s in p.steps]
+        assert grid == [(1, 4), (1, 16), (8, 4), (8, 16)]
 
     @pytest.mark.parametrize(
         ("kw", "message"),
@@ -127,3 +132,29 @@ class TestPlan:
     def test_bad_flags_are_config_errors(self, kw: dict[str, object], message: str) -> None:
         with pytest.raises(ConfigError, match=message):
             plan(load_config(None), _ns(**kw))
+
+
+def _marks(windows: list[tuple[int, float]]) -> list[Mark]:
+    """Cumulative engine reads one second apart; each window has ``n`` requests of ``latency`` s."""
+    hist, ok = LogHistogram(), 0
+    marks = []
+    for t, (n, latency) in enumerate([(0, 0.0), *windows]):
+        hist.observe_many([latency] * n)
+        ok += n
+        stats = EngineStats(float(t), {"ok": ok}, {"e2e": hist.snapshot()}, HistSnapshot.empty(), 0, 0)
+        marks.append(Mark(float(t), stats, 0.0, 0.0, 0.0))
+    return marks
+
+
+class TestStability:
+    def test_three_close_windows_are_stable(self) -> None:
+        """Throughput and p99 within 10% over the last three windows; an early outlier does not count."""
+        assert is_stable(_marks([(10, 0.5), (100, 0.010), (104, 0.0102), (98, 0.0099)]), 0.10)
+
+    def test_a_drifting_p99_or_rate_is_unstable(self) -> None:
+        assert not is_stable(_marks([(100, 0.010), (100, 0.013), (100, 0.016)]), 0.10)
+        assert not is_stable(_marks([(100, 0.010), (130, 0.010), (160, 0.010)]), 0.10)
+
+    def test_a_window_without_completions_is_unstable(self) -> None:
+        assert not is_stable(_marks([(100, 0.010), (0, 0.0), (100, 0.010)]), 0.10)
+        assert not is_stable(_marks([(100, 0.010), (100, 0.010)]), 0.10)  # too few windows
