@@ -177,3 +177,23 @@ def test_open_that_overruns_is_used_once_it_returns() -> None:
     assert src.opens == 1 and src.samples == 1
     assert value(m, "soakd_collector_up", source="slow") == 1
     sched.shutdown()
+
+
+def test_shutdown_does_not_wait_for_a_call_that_never_returns() -> None:
+    """The end of a run is not held up by a driver call that is still hung (its thread is a daemon)."""
+    never = threading.Event()
+
+    class Stuck(Counting):
+        def sample(self) -> None:
+            never.wait()
+
+    m = Metrics()
+    sched = SamplerScheduler(m, sample_timeout=0.2)
+    sched.add(Stuck("stuck"), 0.05)
+    sched.add(Counting("fine"), 0.05)
+    sched.start()
+    wait_for(lambda: sched.states()["stuck"] == "hung", 5, 0.02, "stuck to be marked hung")
+    t0 = time.monotonic()
+    sched.shutdown()
+    assert time.monotonic() - t0 < 2.0
+    assert sched.states()["fine"] == "up"
