@@ -61,7 +61,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--device", default="auto")
     args = ap.parse_args()
-    dev = "cuda" if args.device == "auto" and torch.cuda.is_available() else ("cpu" if args.device == "auto" else args.device)
+    dev = args.device
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
     s = args.seconds
     print(f"device={dev} torch={torch.__version__} threads={torch.get_num_threads()}  ({s:.0f} s per row)")
 

@@ -32,7 +32,9 @@ class LocalInferenceBenchmarker:
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
 
-    def run_stress_test(self, concurrency_levels: list[int], requests_per_thread: int = 100) -> dict[int, dict[str, float]]:
+    def run_stress_test(
+        self, concurrency_levels: list[int], requests_per_thread: int = 100
+    ) -> dict[int, dict[str, float]]:
         self._do_warmup()
         results = {}
         for concurrency in concurrency_levels:

@@ -28,11 +28,11 @@ class EndpointServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:  # http.server's naming
                 path = self.path.split("?", 1)[0]
                 try:
                     if path == "/metrics":
-                        encoder, ctype = choose_encoder(self.headers.get("Accept"))
+                        encoder, ctype = choose_encoder(self.headers.get("Accept") or "")
                         self._send(200, ctype, encoder(server.registry))
                     elif path == "/healthz":
                         ok, reason = server.health()
@@ -46,7 +46,7 @@ class EndpointServer:
                         self._send(404, "text/plain; charset=utf-8", b"not found\n")
                 except Exception as exc:  # an endpoint bug must not take the soak down
                     log.exception("error serving %s", path)
-                    self._send(500, "text/plain; charset=utf-8", f"{type(exc).__name__}: {exc}\n".encode())
+                    self._send(500, "text/plain; charset=utf-8", (type(exc).__name__ + ": " + str(exc) + "\n").encode())
 
             def _send(self, code: int, ctype: str, body: bytes) -> None:
                 self.send_response(code)
@@ -65,7 +65,7 @@ class EndpointServer:
     @property
     def address(self) -> str:
         host, port = self._httpd.server_address[:2]
-        return f"{host}:{port}"
+        return f"{host!s}:{port}"
 
     def start(self) -> None:
         self._thread.start()

@@ -49,7 +49,7 @@ def device_name(device: torch.device) -> str:
 
 def fingerprint(cfg: Config, *, run_id: str, model_spec: str, model_sha256: str, device: torch.device,
                 input_desc: str) -> dict[str, Any]:
-    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None  # type: ignore[no-untyped-call]
     return {
         "run_id": run_id,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

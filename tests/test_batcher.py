@@ -47,10 +47,11 @@ def test_batches_hold_one_shape_and_oldest_goes_first() -> None:
     """Requests of different shapes never share a batch; the group with the oldest request goes first."""
     b = Batcher(max_batch_size=4, max_queue_delay_s=0.0)
     t = time.perf_counter()
-    b.put_many([req((3, 96, 96), t), req((3, 224, 224), t + 1e-3), req((3, 96, 96), t + 2e-3), req((3, 224, 224), t + 3e-3)])
+    small, large = (3, 96, 96), (3, 224, 224)
+    b.put_many([req(small, t), req(large, t + 1e-3), req(small, t + 2e-3), req(large, t + 3e-3)])
     first, second = b.take(), b.take()
-    assert {r.key for r in first} == {(3, 96, 96)} and len(first) == 2
-    assert {r.key for r in second} == {(3, 224, 224)} and len(second) == 2
+    assert {r.key for r in first} == {small} and len(first) == 2
+    assert {r.key for r in second} == {large} and len(second) == 2
 
 
 def test_arrival_wakes_a_waiting_taker() -> None:

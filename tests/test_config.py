@@ -69,7 +69,7 @@ def test_bad_values_name_the_key(tmp_path: Path, text: str, overrides: dict[str,
 
 def test_missing_config_file_names_it(tmp_path: Path) -> None:
     """A config path that does not exist is named in the error."""
-    with pytest.raises(ConfigError, match="nope.toml: config file not found"):
+    with pytest.raises(ConfigError, match=r"nope\.toml: config file not found"):
         load_config(tmp_path / "nope.toml")
 
 

@@ -83,7 +83,7 @@ def test_corrupt_model_file_is_named(tmp_path: Path) -> None:
     """A file that is not TorchScript gives an error naming it, and the CLI exits 2."""
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a model")
-    with pytest.raises(ModelLoadError, match="bad.pt"):
+    with pytest.raises(ModelLoadError, match=r"bad\.pt"):
         load_model(f"torchscript:{bad}", "cpu")
     res = subprocess.run(soakd_cmd("run", "--model", f"torchscript:{bad}", "--metrics-addr", "127.0.0.1:0"),
                          capture_output=True, text=True, timeout=120)
@@ -95,5 +95,5 @@ def test_cuda_requested_without_cuda_is_a_config_error() -> None:
     """Asking for cuda on a host without it names model.device."""
     if torch.cuda.is_available():
         pytest.skip("this host has CUDA")
-    with pytest.raises(ConfigError, match="model.device"):
+    with pytest.raises(ConfigError, match=r"model\.device"):
         load_model("builtin:noop", "cuda")

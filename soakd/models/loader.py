@@ -86,6 +86,7 @@ def _call_with_options(factory: Callable[..., Any], options: dict[str, Any], whe
 
 def _import_python(spec: ModelSpec) -> tuple[Callable[..., Any], Path | None]:
     assert spec.factory is not None
+    path: Path | None
     if spec.target.endswith(".py"):
         path = Path(spec.target).resolve()
         mod_name = f"soakd_user_model_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
@@ -100,7 +101,7 @@ def _import_python(spec: ModelSpec) -> tuple[Callable[..., Any], Path | None]:
             module = importlib.import_module(spec.target)
         except ImportError as exc:
             raise ModelLoadError(f"model.spec: cannot import module {spec.target!r}: {exc}") from None
-        path = Path(module.__file__) if getattr(module, "__file__", None) else None
+        path = Path(module.__file__) if module.__file__ else None
     factory = getattr(module, spec.factory, None)
     if factory is None or not callable(factory):
         raise ModelLoadError(f"model.spec: {spec.target} has no callable {spec.factory!r}")
@@ -127,7 +128,7 @@ def load_model(
         default_shape = BUILTIN_DEFAULT_SHAPES.get(spec.target)
     elif spec.kind == "torchscript":
         try:
-            fn = torch.jit.load(spec.target, map_location=dev)
+            fn = torch.jit.load(spec.target, map_location=dev)  # type: ignore[no-untyped-call]
         except Exception as exc:
             raise ModelLoadError(f"{spec.target}: not a loadable TorchScript file: {exc}") from None
     elif spec.kind == "export":

@@ -125,7 +125,9 @@ class Metrics:
         self.preprocess_busy = Gauge(
             p + "preprocess_pool_busy_ratio", "Share of preprocess workers busy (last interval)", registry=r
         )
-        self.model_load = Gauge(p + "model_load_seconds", "Time to load the model and move it to the device", registry=r)
+        self.model_load = Gauge(
+            p + "model_load_seconds", "Time to load the model and move it to the device", registry=r
+        )
         self.first_inference = Gauge(
             p + "first_inference_seconds", "Time of the first inference after load (cold start)", registry=r
         )
@@ -179,7 +181,9 @@ class Metrics:
         gu = ["gpu", "uuid"]
         self.gpu_memory_used = Gauge(p + "gpu_memory_used_bytes", "GPU memory used (all processes)", gu, registry=r)
         self.gpu_memory_total = Gauge(p + "gpu_memory_total_bytes", "GPU memory total", gu, registry=r)
-        self.gpu_memory_reserved = Gauge(p + "gpu_memory_reserved_bytes", "GPU memory reserved by the driver", gu, registry=r)
+        self.gpu_memory_reserved = Gauge(
+            p + "gpu_memory_reserved_bytes", "GPU memory reserved by the driver", gu, registry=r
+        )
         self.gpu_process_memory = Gauge(
             p + "gpu_process_memory_bytes", "GPU memory used by a process", [*gu, "pid"], registry=r
         )
@@ -214,7 +218,9 @@ class Metrics:
         )
 
         # ---- collectors
-        self.collector_up = Gauge(p + "collector_up", "1 when the source's last sample succeeded", ["source"], registry=r)
+        self.collector_up = Gauge(
+            p + "collector_up", "1 when the source's last sample succeeded", ["source"], registry=r
+        )
         self.collector_duration = Gauge(
             p + "collector_duration_seconds", "Duration of the source's last sample", ["source"], registry=r
         )
