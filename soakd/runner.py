@@ -218,7 +218,8 @@ def _soak(cfg: Config, run_id: str, metrics: Metrics, server: EndpointServer, st
     log.info("warmup: %d runs in %.2fs (first inference %.3fs)", cfg.model.warmup, warm, first)
 
     run_fp = fingerprint(cfg, run_id=run_id, model_spec=cfg.model.spec, model_sha256=model.sha256,
-                         device=model.device, input_desc=f"shapes {shapes}")
+                         device=model.device,
+                         input_desc=f"samples {cfg.input.samples}" if cfg.input.samples else f"shapes {shapes}")
     mode = f"rate={cfg.load.rate}/{cfg.load.arrival}" if cfg.load.rate is not None else f"concurrency={cfg.load.concurrency}"
     metrics.run_info.labels(run_id, cfg.model.spec, model.sha256[:16], str(model.device), run_fp["device_name"],
                             torch.__version__, str(torch.version.cuda), mode).set(1)
