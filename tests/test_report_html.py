@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from soakd.report.document import ReportDoc
 from soakd.report.html import render_html
 from soakd.report.markdown import render_markdown
+from tests.conftest import wait_for
 from tests.report_runs import Run, runs, soakd
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
@@ -117,3 +119,30 @@ def test_renders_in_a_headless_browser(fast: Run, tmp_path: Path) -> None:
     assert dom.count("<svg") >= 5
     problems = [line for line in res.stderr.splitlines() if "Uncaught" in line or "ERR_" in line]
     assert problems == []
+
+
+def test_report_on_a_running_soak(daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A soak still running can be reported on: the report covers what is recorded so far."""
+    cfg = tmp_path / "live.toml"
+    cfg.write_text('[model]\nspec = "builtin:sleep"\nwarmup = 5\n[state]\nflush_interval = "1s"\nwindow = "1s"\n'
+                   '[metrics]\nstatus_interval = "1s"\n[slo]\np99_ms = 5000\n')
+    state = tmp_path / "state"
+    d = daemon_factory("--config", str(cfg), "--state-dir", str(state))
+    d.wait_ready()
+
+    def windows() -> int:
+        conn = sqlite3.connect(f"file:{state / 'soakd.db'}?mode=ro", uri=True)
+        try:
+            return int(conn.execute("SELECT COUNT(*) FROM windows").fetchone()[0])
+        finally:
+            conn.close()
+
+    wait_for(lambda: windows() >= 3, 60, what="three recorded windows")
+    out = tmp_path / "live.html"
+    res = soakd("report", "--state-dir", str(state), "--format", "html", "--output", str(out))
+    assert res.returncode == 0, res.stderr
+    page = out.read_text()
+    assert "Verdict: SLOs met" in page
+    assert "still running" in page
+    assert page.count("<svg") >= 3
+    assert d.stop() == 0

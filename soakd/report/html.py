@@ -55,7 +55,11 @@ def _verdict(doc: ReportDoc) -> str:
                        f"<td>{esc(r[2])}</td><td>{esc(r[3])}</td></tr>" for r in rows)
         parts.append("<table><thead><tr><th>result</th><th>check</th><th>observed</th><th>limit</th></tr></thead>"
                      f"<tbody>{body}</tbody></table>")
-    parts.append(f"<p>{esc(sections.leak_line(data))}</p></section>")
+    parts.append(f"<p>{esc(sections.leak_line(data))}</p>")
+    leaks = sections.leak_rows(data)
+    if leaks:
+        parts.append(table(["memory series", "leak verdict", "from"], leaks))
+    parts.append("</section>")
     return "".join(parts)
 
 

@@ -26,7 +26,11 @@ def render_markdown(doc: ReportDoc) -> str:
     slo = sections.slo_rows(data)
     if slo:
         out += [table(["result", "check", "observed", "limit"], slo), ""]
-    out += [sections.leak_line(data), "", "## Overview", "",
+    out += [sections.leak_line(data), ""]
+    leaks = sections.leak_rows(data)
+    if leaks:
+        out += [table(["memory series", "leak verdict", "from"], leaks), ""]
+    out += ["## Overview", "",
             table(["", ""], sections.overview_rows(data)), ""]
     out += ["## Latency percentiles (ms)", "",
             table(["stage", *sections.QUANTILE_COLUMNS], sections.latency_rows(data)), ""]

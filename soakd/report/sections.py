@@ -49,6 +49,12 @@ def leak_line(data: dict[str, Any]) -> str:
     return "No leak verdict yet (no memory series could be judged: run too short or still warming up)"
 
 
+def leak_rows(data: dict[str, Any]) -> list[list[str]]:
+    """Per memory series: its leak verdict (and who gave it)."""
+    return [[name, str(m.get("verdict", "-")), str(m.get("verdict_source", ""))]
+            for name, m in (data.get("memory") or {}).items()]
+
+
 def slo_rows(data: dict[str, Any]) -> list[list[str]]:
     return [[c["status"], c["name"], format_observed(c), format_limit(c)]
             for c in (data.get("slo") or {}).get("checks", [])]
