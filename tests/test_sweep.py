@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from soakd.analysis.sweep import Mark, find_knee, is_stable, plan, recommend
+from soakd.analysis.sweep import Mark, bottleneck, find_knee, is_stable, plan, recommend
 from soakd.config import ConfigError, load_config
 from soakd.load.engine import EngineStats
 from soakd.telemetry.histogram import HistSnapshot, LogHistogram
@@ -158,3 +158,15 @@ class TestStability:
     def test_a_window_without_completions_is_unstable(self) -> None:
         assert not is_stable(_marks([(100, 0.010), (0, 0.0), (100, 0.010)]), 0.10)
         assert not is_stable(_marks([(100, 0.010), (100, 0.010)]), 0.10)  # too few windows
+
+
+class TestBottleneck:
+    def test_a_busy_preprocess_pool_wins(self) -> None:
+        assert bottleneck(0.95, 0.95, {"inference": 9.0}) == "preprocess-bound"
+
+    def test_a_busy_model_is_model_bound(self) -> None:
+        assert bottleneck(0.2, 0.9, {"queue": 9.0}) == "model-bound"
+
+    def test_otherwise_the_largest_stage_names_it(self) -> None:
+        assert bottleneck(0.2, 0.3, {"queue": 5.0, "inference": 1.0, "preprocess": 2.0}) == "queueing"
+        assert bottleneck(0.2, 0.3, {"queue": 0.1, "postprocess": 3.0}) == "postprocess-bound"

@@ -26,7 +26,7 @@ import torch
 from soakd.load.batcher import Batcher
 from soakd.load.request import Request
 from soakd.telemetry.histogram import LogHistogram
-from soakd.workload.preprocess import BadInput, TextLine
+from soakd.workload.preprocess import TextLine
 
 log = logging.getLogger("soakd.stages")
 
@@ -117,10 +117,7 @@ class PreprocessPool:
             req.payload, req.tensor = req.tensor, None
             try:
                 req.key, req.tensor = pre(req.payload)
-            except BadInput as exc:
-                req.key = BAD_INPUT_KEY
-                self._log_bad(req.payload, exc)
-            except Exception as exc:  # a bug in a decoder must not kill the worker
+            except Exception as exc:  # BadInput, or a decoder tripping on odd data: never kill the worker
                 req.key = BAD_INPUT_KEY
                 self._log_bad(req.payload, exc)
             t1 = clock()

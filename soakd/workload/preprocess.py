@@ -52,7 +52,9 @@ def decode_image(data: bytes, shape: tuple[int, int, int]) -> torch.Tensor:
             rgb = src.convert("RGB" if c == 3 else "L")  # decodes; raises on truncated data
             resized = rgb.resize((w, h), Image.Resampling.BILINEAR)
             arr = np.asarray(resized, dtype=np.float32) * (1.0 / 255.0)
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+    except UnidentifiedImageError:
+        raise BadInput("not an image format Pillow recognises") from None
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise BadInput(f"cannot decode image: {exc}") from None
     arr = ((arr - _MEAN) / _STD).transpose(2, 0, 1) if c == 3 else ((arr - 0.5) / 0.25)[None]
     return torch.from_numpy(np.ascontiguousarray(arr))
