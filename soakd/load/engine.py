@@ -328,7 +328,7 @@ class Engine:
         if self.batch_hook is not None:
             self.batch_hook(n, t_dispatch, t_end, outcome)
         self._count(outcome, n)
-        self.last_completion = t_end
+        self.last_completion = t_end if t_done is None else t_done
         self.last_progress = time.monotonic()
         if not self.open_loop and not self.stop_event.is_set():
             # Replace what finished, plus or minus any change of the target (set_concurrency).
