@@ -59,10 +59,10 @@ StoredWindow = tuple[float, float, dict[str, int], dict[str, HistSnapshot]]
 def _windows(state_dir: str | Path, run_id: str) -> list[StoredWindow]:
     conn = sqlite3.connect(f"file:{Path(state_dir) / DB_NAME}?mode=ro", uri=True, timeout=10)
     try:
-        # A segment's writer may upsert empty windows between its end and the process exit:
-        # they are not part of the run.
+        # A segment's writer may keep upserting its window between the segment's end and the
+        # process exit (stretching it, or adding empty ones): that time is not part of the run.
         rows = conn.execute(
-            "SELECT w.t_start, w.t_end, w.outcomes, w.hists FROM windows w"
+            "SELECT w.t_start, MIN(w.t_end, COALESCE(s.ended_at, w.t_end)), w.outcomes, w.hists FROM windows w"
             " JOIN segments s ON s.id = w.segment_id"
             " WHERE w.run_id = ? AND (s.ended_at IS NULL OR w.t_start < s.ended_at) ORDER BY w.t_start",
             (run_id,)).fetchall()
