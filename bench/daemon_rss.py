@@ -74,9 +74,8 @@ def main() -> None:
             raise SystemExit("run too short for a slope after warm-up")
         slope, _ = np.polyfit(t[keep] / 3600.0, r[keep] / 2**20, 1)
         mib = r / 2**20
-        print(f"builtin:noop at {args.rate:g} req/s for {duration:.0f}s (exit {rc}): RSS {mib[0]:.1f} MiB at "
-              f"start, {mib[keep][0]:.1f} MiB after {warmup:.0f}s warm-up, {mib[-1]:.1f} MiB at the end, "
-              f"max {mib.max():.1f} MiB")
+        print(f"builtin:noop at {args.rate:g} req/s for {duration:.0f}s (exit {rc}): RSS {mib[keep][0]:.1f} MiB "
+              f"after {warmup:.0f}s warm-up, {mib[-1]:.1f} MiB at the end, max {mib.max():.1f} MiB")
         print(f"slope after warm-up: {slope:+.2f} MiB/h over {(t[-1] - warmup) / 60:.1f} min "
               f"({keep.sum()} reads; goal: within ±1 MiB/h over an hour)")
 

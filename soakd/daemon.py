@@ -385,6 +385,7 @@ class Daemon:
         if self.store is not None and self.segment is not None:
             self.event("stop", f"segment {self.segment}: {reason}")
             self.store.flush()  # the last window, before the segment is marked ended
+            self.store.window_source = None  # closed: later flushes must not stretch it past the end
             self.store.end_segment(self.segment, reason, finished=finished)
 
     def close(self, error: BaseException | None = None) -> None:
