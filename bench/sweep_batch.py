@@ -22,25 +22,28 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="auto")
     ap.add_argument("--batch-sizes", default="1,4,8,16,32")
-    ap.add_argument("--concurrency", default=None, help="default: 2 x the largest batch size")
+    ap.add_argument("--concurrency", default="2x", help="default 2x: twice each step's max batch size")
     ap.add_argument("--shape", default=None, help="default: 3x224x224 on CUDA, 3x64x64 on CPU")
     ap.add_argument("--step-duration", default="5s", help="fixed time per step; 'stable' waits for stability")
     ap.add_argument("--slo-p99-ms", type=float, default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)  # on a busy small box, 1 avoids OpenMP threads fighting
     cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
     shape = args.shape or ("3x224x224" if cuda else "3x64x64")
-    biggest = max(int(b) for b in args.batch_sizes.split(","))
     cfg = load_config(None, {"model.spec": "builtin:convnet", "model.device": args.device,
                              "input.shapes": shape, "model.warmup": 50, "batcher.max_queue_delay_ms": 5.0})
     ns = argparse.Namespace(
-        sweep_concurrency=args.concurrency or str(2 * biggest), sweep_rate=None,
+        sweep_concurrency=args.concurrency, sweep_rate=None,
         sweep_max_batch_size=args.batch_sizes,
         step_duration=None if args.step_duration == "stable" else args.step_duration,
         slo_p99_ms=args.slo_p99_ms, json_out=args.json, stability_tolerance=10.0, sweep_window="2s",
         min_step="10s", max_step="60s",
     )
-    print(f"builtin:convnet {shape} on {'cuda' if cuda else 'cpu'}, closed loop "
+    where = f"{'cuda' if cuda else 'cpu'} ({torch.get_num_threads()} CPU threads)"
+    print(f"builtin:convnet {shape} on {where}, closed loop "
           f"concurrency {ns.sweep_concurrency}, max batch size {args.batch_sizes}", flush=True)
     return sweep_command(cfg, ns)
 

@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, (key, kw) in RUN_FLAGS.items():
         if flag not in ("--concurrency", "--rate", "--max-batch-size", "--duration"):
             sweep.add_argument(flag, dest=key, default=None, help=f"overrides {key}", **kw)
-    sweep.add_argument("--concurrency", dest="sweep_concurrency", metavar="LIST", help="e.g. 1,4,8,16")
+    sweep.add_argument("--concurrency", dest="sweep_concurrency", metavar="LIST",
+                       help="e.g. 1,4,8,16; 2x: twice each step's max batch size")
     sweep.add_argument("--rate", dest="sweep_rate", metavar="LIST", help="e.g. 50,100,200")
     sweep.add_argument("--max-batch-size", dest="sweep_max_batch_size", metavar="LIST", help="e.g. 1,4,8,16,32")
     sweep.add_argument("--step-duration", metavar="DUR", help="fixed time per step (skips the stability wait)")

@@ -120,10 +120,16 @@ class TestPlan:
         grid = [(s["concurrency"], s["max_batch_size"]) for s in p.steps]
         assert grid == [(1, 4), (1, 16), (8, 4), (8, 16)]
 
+    def test_concurrency_can_follow_the_batch_size(self) -> None:
+        """--concurrency 2x feeds each step twice its max batch size."""
+        p = plan(load_config(None), _ns(sweep_concurrency="2x", sweep_max_batch_size="1,4,32"))
+        assert [(s["concurrency"], s["max_batch_size"]) for s in p.steps] == [(2, 1), (8, 4), (64, 32)]
+
     @pytest.mark.parametrize(
         ("kw", "message"),
         [
             ({"sweep_concurrency": "1,x"}, "--concurrency: cannot parse 'x'"),
+            ({"sweep_concurrency": "0x"}, "--concurrency: values must be > 0"),
             ({"sweep_concurrency": "4", "sweep_rate": "10"}, "not both"),
             ({"sweep_max_batch_size": "0"}, "--max-batch-size: values must be > 0"),
             ({"step_duration": "soon"}, "--step-duration"),

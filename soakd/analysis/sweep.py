@@ -20,6 +20,7 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -52,7 +53,7 @@ class SweepPlan:
     slo_p99_ms: float | None
 
 
-def _parse_list(text: str | None, flag: str, kind: type) -> list[Any] | None:
+def _parse_list(text: str | None, flag: str, kind: Callable[[str], Any]) -> list[Any] | None:
     if text is None:
         return None
     values: list[Any] = []
@@ -62,13 +63,26 @@ def _parse_list(text: str | None, flag: str, kind: type) -> list[Any] | None:
         try:
             v = kind(part)
         except ValueError:
-            raise ConfigError(f"{flag}: cannot parse {part!r} in {text!r} (expected e.g. 1,4,8)") from None
-        if v <= 0:
+            example = "1,4,8 or 2x" if kind is _Concurrency else "1,4,8"
+            raise ConfigError(f"{flag}: cannot parse {part!r} in {text!r} (expected e.g. {example})") from None
+        if (v.value if isinstance(v, _Concurrency) else v) <= 0:
             raise ConfigError(f"{flag}: values must be > 0, got {part!r}")
         values.append(v)
     if not values:
         raise ConfigError(f"{flag}: empty list")
     return values
+
+
+class _Concurrency:
+    """A --concurrency item: ``16`` requests in flight, or ``2x``: twice each step's max batch
+    size, so every batch size is fed the same way (the seed article's batch-size table)."""
+
+    def __init__(self, text: str) -> None:
+        self.per_batch = text.endswith("x")
+        self.value = float(text[:-1]) if self.per_batch else int(text)
+
+    def of(self, max_batch_size: int) -> int:
+        return max(1, round(self.value * max_batch_size)) if self.per_batch else int(self.value)
 
 
 def _duration_arg(text: str, flag: str) -> float:
@@ -83,7 +97,7 @@ def _duration_arg(text: str, flag: str) -> float:
 
 def plan(cfg: Config, ns: argparse.Namespace) -> SweepPlan:
     """The steps a sweep runs, from its flags (the config's own settings fill a missing axis)."""
-    conc = _parse_list(ns.sweep_concurrency, "--concurrency", int)
+    conc = _parse_list(ns.sweep_concurrency, "--concurrency", _Concurrency)
     rate = _parse_list(ns.sweep_rate, "--rate", float)
     batch = _parse_list(ns.sweep_max_batch_size, "--max-batch-size", int) or [cfg.batcher.max_batch_size]
     if conc and rate:
@@ -91,8 +105,9 @@ def plan(cfg: Config, ns: argparse.Namespace) -> SweepPlan:
     if rate or (not conc and cfg.load.rate is not None):
         mode, loads = "rate", rate or [cfg.load.rate]
     else:
-        mode, loads = "concurrency", conc or [cfg.load.concurrency or 8]
-    steps = [{mode: load, "max_batch_size": b} for load, b in itertools.product(loads, batch)]
+        mode, loads = "concurrency", conc or [_Concurrency(str(cfg.load.concurrency or 8))]
+    steps = [{mode: load.of(b) if isinstance(load, _Concurrency) else load, "max_batch_size": b}
+             for load, b in itertools.product(loads, batch)]
     tol = float(getattr(ns, "stability_tolerance", 10.0))
     if not 0 < tol < 100:
         raise ConfigError(f"--tolerance: expected a percentage in (0, 100), got {tol}")
