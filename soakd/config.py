@@ -89,6 +89,7 @@ class BatcherConfig:
     max_batch_size: int = 8
     max_queue_delay_ms: float = 2.0
     inference_timeout: float | None = _duration(None)  # slower batches count outcome="timeout"
+    empty_cache_on_oom: bool = False  # torch.cuda.empty_cache() after an out-of-memory error
 
 
 @dataclass
@@ -112,12 +113,32 @@ class MetricsConfig:
 @dataclass
 class OutputConfig:
     summary_json: str | None = None
+    log_file: str | None = None  # also log here; SIGHUP re-opens it (logrotate)
 
 
 @dataclass
 class StateConfig:
-    dir: str | None = None
+    dir: str | None = None  # None: $STATE_DIRECTORY under systemd, else ./soakd-state
     run_id: str | None = None
+    resume: bool | None = None  # continue the state dir's unfinished run; None: only under systemd
+    flush_interval: float = _duration(2.0)  # a kill -9 loses at most this much
+    window: float = _duration(60.0)  # one latency histogram row per window
+    retention: float = _duration(30 * 86400.0)
+
+
+@dataclass
+class PhasesConfig:
+    ramp: float = _duration(0.0, allow_zero=True)  # 0: start at the target load
+    ramp_from: float = 0.1  # share of the target load the ramp starts from
+    probe_schedule: str = ""  # crontab, e.g. "0 * * * *": a probe at the top of every hour
+    probe_duration: float = _duration(60.0)
+    probe_factor: float = 2.0  # load multiplier during a probe (burst or concurrency step)
+
+
+@dataclass
+class DaemonConfig:
+    stall_timeout: float = _duration(60.0)  # no request finished this long with some in flight: hung
+    sampler_stale_after: float | None = _duration(None)  # None: max(5 x memory.interval, 30 s)
 
 
 @dataclass
@@ -131,10 +152,20 @@ class MemoryConfig:
 
 @dataclass
 class LeakConfig:
+    # Defaults measured with bench/leak_detection.py (6 h traces at 10 s; see soakd/analysis/detector.py).
     warmup: float = _duration(1800.0, allow_zero=True)
-    window: float = _duration(3 * 3600.0)
+    window: float = _duration(6 * 3600.0)  # judged whole and its newest half; long windows catch staircases
     evaluate_interval: float = _duration(60.0)
+    # Per series (host_rss, ..., or "default"; default 2 MiB/h): slower growth is never a leak.
     min_slope_bytes_per_hour: dict[str, float] = field(default_factory=dict)
+    trough_span: float = _duration(1800.0)  # lower envelope: rides out sawtooth up to this period
+    bin: float = _duration(300.0)  # spacing of the envelope points
+    alpha: float = 0.01  # one-sided Mann-Kendall (Hamed-Rao) significance
+    persistence: float = _duration(1800.0, allow_zero=True)  # a judgement must hold this long to flip
+    min_span: float = _duration(3600.0)  # post-warm-up data needed before any judgement
+    cuda_history: str = "auto"  # auto: record allocations while suspicion builds | always | off
+    cuda_history_max_entries: int = 100_000  # ring size of torch's allocation history
+    malloc_trim_probe: bool = True  # host series: does malloc_trim(0) give the growth back?
 
 
 @dataclass
@@ -181,6 +212,8 @@ class Config:
     otel: OtelConfig = field(default_factory=OtelConfig)
     slo: SloConfig = field(default_factory=SloConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
+    phases: PhasesConfig = field(default_factory=PhasesConfig)
+    daemon: DaemonConfig = field(default_factory=DaemonConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -378,12 +411,13 @@ def validate(cfg: Config) -> None:
         f"input.postprocess: expected auto, none, classify or detect, got {cfg.input.postprocess!r}",
     )
     _require(cfg.input.max_tokens >= 1, f"input.max_tokens: must be >= 1, got {cfg.input.max_tokens}")
-    host, sep, port = cfg.metrics.addr.rpartition(":")
+    _, sep, port = cfg.metrics.addr.rpartition(":")
     _require(
         bool(sep) and port.isdigit() and 0 <= int(port) <= 65535,
         f"metrics.addr: expected HOST:PORT, got {cfg.metrics.addr!r}",
     )
     _require(cfg.memory.ring_size >= 10, f"memory.ring_size: must be >= 10, got {cfg.memory.ring_size}")
+    _validate_leak(cfg.leak)
     _require(
         0.0 <= cfg.otel.trace_sample_ratio <= 1.0,
         f"otel.trace_sample_ratio: must be within [0, 1], got {cfg.otel.trace_sample_ratio}",
@@ -403,3 +437,39 @@ def validate(cfg: Config) -> None:
         _require(getattr(cp, name) >= 0, f"compare.{name}: must be >= 0, got {getattr(cp, name)}")
     _require(0.5 <= cp.confidence < 1, f"compare.confidence: must be within [0.5, 1), got {cp.confidence}")
     _require(cp.resamples >= 100, f"compare.resamples: must be >= 100, got {cp.resamples}")
+    ph = cfg.phases
+    _require(0.0 < ph.ramp_from <= 1.0, f"phases.ramp_from: must be within (0, 1], got {ph.ramp_from}")
+    _require(ph.probe_factor > 0, f"phases.probe_factor: must be > 0, got {ph.probe_factor}")
+    if ph.probe_schedule:
+        from apscheduler.triggers.cron import CronTrigger
+
+        try:
+            CronTrigger.from_crontab(ph.probe_schedule)
+        except ValueError as exc:
+            raise ConfigError(f"phases.probe_schedule: {ph.probe_schedule!r}: {exc} (use crontab syntax, "
+                              "e.g. '0 * * * *')") from None
+    _require(cfg.state.window >= cfg.state.flush_interval,
+             f"state.window: must be >= state.flush_interval ({cfg.state.flush_interval}s), "
+             f"got {cfg.state.window}s")
+
+
+def _validate_leak(lk: LeakConfig) -> None:
+    from soakd.telemetry.catalogue import LEAK_SERIES
+
+    for name, floor in lk.min_slope_bytes_per_hour.items():
+        known = ", ".join(("default", *LEAK_SERIES))
+        _require(name in LEAK_SERIES or name == "default",
+                 f"leak.min_slope_bytes_per_hour.{name}: unknown series (known: {known})")
+        _require(floor >= 0, f"leak.min_slope_bytes_per_hour.{name}: must be >= 0, got {floor}")
+    _require(0 < lk.alpha < 0.5, f"leak.alpha: must be within (0, 0.5), got {lk.alpha}")
+    _require(lk.trough_span >= lk.bin,
+             f"leak.trough_span: must be >= leak.bin ({lk.bin}s), got {lk.trough_span}s")
+    _require(lk.min_span >= 4 * lk.bin,
+             f"leak.min_span: must hold at least 4 envelope points (>= {4 * lk.bin}s), got {lk.min_span}s")
+    _require(lk.window >= lk.min_span,
+             f"leak.window: must be >= leak.min_span ({lk.min_span}s), got {lk.window}s")
+    _require(lk.cuda_history in ("auto", "always", "off"),
+             f"leak.cuda_history: expected auto, always or off, got {lk.cuda_history!r}")
+    _require(1 <= lk.cuda_history_max_entries <= 10_000_000,
+             f"leak.cuda_history_max_entries: must be within [1, 10000000], "
+             f"got {lk.cuda_history_max_entries}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import secrets
@@ -17,11 +18,15 @@ from typing import Any, TextIO
 import torch
 
 import soakd
+from soakd.analysis.monitor import monitor_for_run
 from soakd.config import Config
+from soakd.daemon import Daemon, Notifier
 from soakd.endpoints import EndpointServer
 from soakd.fingerprint import fingerprint
 from soakd.load.engine import Engine, EngineStats
 from soakd.models.loader import LoadedModel, load_model
+from soakd.report.finish import complete_summary, conclude
+from soakd.report.windows import WindowRecorder
 from soakd.summary import stage_summary, write_json_atomic
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.histogram import HistSnapshot
@@ -131,7 +136,9 @@ def print_summary(summary: dict[str, Any], out: TextIO) -> None:
           f"requests {', '.join(f'{k}={v}' for k, v in req.items() if v)}", file=out)
     print(f"  {'stage':<12}{'p50':>10}{'p90':>10}{'p99':>10}{'p99.9':>10}{'max':>10}  (ms)", file=out)
     for stage, s in summary["latency_ms"].items():
-        cells = "".join(f"{(s[k] if s[k] is not None else float('nan')):10.2f}" for k in ("p50", "p90", "p99", "p999", "max"))
+        cells = "".join(
+            f"{(s[k] if s[k] is not None else float('nan')):10.2f}" for k in ("p50", "p90", "p99", "p999", "max")
+        )
         print(f"  {stage:<12}{cells}", file=out)
     if "schedule_lag_ms" in summary:
         lag = summary["schedule_lag_ms"]
@@ -163,7 +170,6 @@ class StopFlag:
 
 def run(cfg: Config, *, out: TextIO = sys.stdout, stop: StopFlag | None = None) -> int:
     """Run a soak per ``cfg``; returns the process exit code."""
-    run_id = cfg.state.run_id or new_run_id()
     metrics = Metrics()
     metrics.build_info.labels(soakd.__version__).set(1)
     metrics.phase_info.labels("loading").set(1)
@@ -172,11 +178,18 @@ def run(cfg: Config, *, out: TextIO = sys.stdout, stop: StopFlag | None = None) 
     log.info("serving metrics on http://%s/metrics", server.address)
     stop = stop or StopFlag()
     restore = stop.install() if threading.current_thread() is threading.main_thread() else (lambda: None)
+    daemon: Daemon | None = None
     try:
-        return _run(cfg, run_id, metrics, server, stop, out)
+        # State dir (a corrupt or locked file is moved aside), run id (resumed under systemd),
+        # sd_notify, /healthz and /status, the log file and SIGHUP.
+        daemon = Daemon.open(cfg, metrics, new_run_id, lambda p: _set_phase(metrics, p))
+        server.health, server.status = daemon.health, daemon.status
+        return _run(cfg, daemon.run_id, metrics, server, stop, out, daemon=daemon)
     finally:
         restore()
         server.close()
+        if daemon is not None:
+            daemon.close(sys.exc_info()[1])
 
 
 PHASES = ("loading", "warmup", "ramp", "steady", "probe", "draining", "done")
@@ -187,29 +200,40 @@ def _set_phase(metrics: Metrics, phase: str) -> None:
         metrics.phase_info.labels(p).set(1 if p == phase else 0)
 
 
-def _run(cfg: Config, run_id: str, metrics: Metrics, server: EndpointServer, stop: StopFlag, out: TextIO) -> int:
+def _run(cfg: Config, run_id: str, metrics: Metrics, server: EndpointServer, stop: StopFlag, out: TextIO,
+         *, daemon: Daemon | None = None) -> int:
+    # Without a daemon (a caller of _run of its own): no state, no sd_notify, phases still apply.
+    daemon = daemon or Daemon(cfg, metrics, run_id, None, Notifier({}), lambda p: _set_phase(metrics, p))
     model = load_model(cfg.model.spec, cfg.model.device, cfg.model.dtype, cfg.model.options)
     metrics.model_load.set(model.load_seconds)
     log.info("loaded %s on %s in %.2fs", cfg.model.spec, model.device, model.load_seconds)
     # Memory/device samplers start once the model is on its device (they read that device) and
     # stop whatever way the run ends. The leak monitor reads `series`.
     series = SeriesStore(capacity=cfg.memory.ring_size)
+    daemon.watch_series(series)  # a durable copy of every sample in the state store
     telemetry = Telemetry(cfg, metrics, series, model.device,
                           resource_attributes={"soakd.run_id": run_id, "soakd.model": cfg.model.spec})
+    # Leak verdicts: judged from `series` on the telemetry scheduler; flips become state events.
+    cuda_index = None if model.device.type != "cuda" else (model.device.index or torch.cuda.current_device())
+    leak = monitor_for_run(cfg, metrics, series, cuda_index,
+                           on_event=lambda kind, detail: daemon.event(kind, json.dumps(detail, default=str)))
+    leak.open()
+    telemetry.scheduler.add_task("leak", leak.evaluate, cfg.leak.evaluate_interval)
     telemetry.start()
     try:
-        return _soak(cfg, run_id, metrics, server, stop, out, model, series, telemetry)
+        return _soak(cfg, run_id, metrics, server, stop, out, model, series, telemetry, daemon=daemon)
     finally:
         telemetry.stop()
+        leak.close()
 
 
 def _soak(cfg: Config, run_id: str, metrics: Metrics, server: EndpointServer, stop: StopFlag, out: TextIO,
-          model: LoadedModel, series: SeriesStore, telemetry: Telemetry) -> int:
+          model: LoadedModel, series: SeriesStore, telemetry: Telemetry, *, daemon: Daemon) -> int:
     shapes = cfg.input.shapes or model.default_shape
     # Sample files, a sequence-length mix or pre-made shapes; ConfigError when there is no shape.
     source = build_source(cfg, model.default_shape, model.dtype)
 
-    _set_phase(metrics, "warmup")
+    daemon.set_phase("warmup")
     first, warm = warm_up(model, source, cfg.model.warmup, cfg.batcher.max_batch_size)
     metrics.first_inference.set(first)
     metrics.warmup.set(warm)
@@ -220,17 +244,24 @@ def _soak(cfg: Config, run_id: str, metrics: Metrics, server: EndpointServer, st
     run_fp = fingerprint(cfg, run_id=run_id, model_spec=cfg.model.spec, model_sha256=model.sha256,
                          device=model.device,
                          input_desc=f"samples {cfg.input.samples}" if cfg.input.samples else f"shapes {shapes}")
-    mode = f"rate={cfg.load.rate}/{cfg.load.arrival}" if cfg.load.rate is not None else f"concurrency={cfg.load.concurrency}"
+    if cfg.load.rate is not None:
+        mode = f"rate={cfg.load.rate}/{cfg.load.arrival}"
+    else:
+        mode = f"concurrency={cfg.load.concurrency}"
     metrics.run_info.labels(run_id, cfg.model.spec, model.sha256[:16], str(model.device), run_fp["device_name"],
                             torch.__version__, str(torch.version.cuda), mode).set(1)
     metrics.run_start_time.set(time.time())
 
     engine = Engine(model.fn, model.device, source, cfg, metrics)
     engine.batch_hook = telemetry.batch_hook
-    _set_phase(metrics, "steady")
+    daemon.attach(engine, run_fp)  # a new segment of the run; the load the phases start from
     engine.start()
+    daemon.ready()  # phases (ramp or steady), state writer, watchdog, then READY=1
     tracker = WindowTracker()
-    deadline = None if cfg.load.duration is None else time.monotonic() + cfg.load.duration
+    recorder = WindowRecorder()  # per-window figures for the summary, the report and compare
+    recorder.start(engine.stats())
+    # A resumed run only runs what is left of its duration.
+    deadline = None if cfg.load.duration is None else time.monotonic() + daemon.remaining(cfg.load.duration)
     next_status = time.monotonic() + cfg.metrics.status_interval
     while not stop.event.is_set():
         now = time.monotonic()
@@ -240,18 +271,26 @@ def _soak(cfg: Config, run_id: str, metrics: Metrics, server: EndpointServer, st
         stop.event.wait(max(0.0, wake - now))
         if time.monotonic() >= next_status:
             stats = engine.stats()
-            print(status_line(stats.elapsed, tracker.advance(stats), stats), file=out, flush=True)
+            win = tracker.advance(stats)
+            recorder.add(stats)
+            print(status_line(stats.elapsed, win, stats), file=out, flush=True)
+            daemon.tick(win)  # /status, systemd STATUS=, verdict events
             next_status += cfg.metrics.status_interval
     if stop.signal is not None:
         log.info("received %s: stopping arrivals and draining", signal.Signals(stop.signal).name)
-    _set_phase(metrics, "draining")
+    daemon.set_phase("draining")  # STOPPING=1, watchdog off
     drained = engine.stop()
     if not drained:
         log.warning("drain timed out after %.1fs with %d requests in flight", cfg.load.drain_timeout, engine.inflight)
-    _set_phase(metrics, "done")
+    daemon.set_phase("done")
+    daemon.finish(stop.signal)  # the segment's last window; a run that reached its end is finished
     summary = build_summary(engine, engine.stats(), run_fp, cold)
+    complete_summary(summary, cfg, windows=recorder.rows, series=series, metrics=metrics,
+                     elapsed_before=daemon.elapsed_before)  # + windows, memory, slo
     if cfg.output.summary_json:
         write_json_atomic(cfg.output.summary_json, summary)
         log.info("summary written to %s", cfg.output.summary_json)
     print_summary(summary, out)
-    return 0
+    # SLO lines, <state-dir>/<run-id>/report.html; 1 when an SLO is missed.
+    return conclude(summary, state_dir=daemon.store.dir if daemon.store is not None else None,
+                    run_id=run_id, out=out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -9,6 +10,7 @@ import torch
 from torch import nn
 
 from soakd.models.detector import Detector
+from soakd.models.leaky import FragmentCuda, LeakCuda, LeakHost
 
 
 class ConvNet(nn.Module):
@@ -57,9 +59,54 @@ class Sleep(nn.Module):
         return x.mean(dim=tuple(range(1, x.dim()))) if x.dim() > 1 else x
 
 
+class Flaky(nn.Module):
+    """After ``after`` good calls (the warmup runs), raises RuntimeError on every
+    ``error_every``-th call and torch.OutOfMemoryError on every ``oom_every``-th (0: never);
+    otherwise returns its input. A test double for faults."""
+
+    def __init__(self, error_every: int = 7, oom_every: int = 11, after: int = 50) -> None:
+        super().__init__()
+        self.error_every = error_every
+        self.oom_every = oom_every
+        self.after = after
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls <= self.after:
+            return x
+        if self.oom_every and self.calls % self.oom_every == 0:
+            raise torch.OutOfMemoryError(f"CUDA out of memory (builtin:flaky, call {self.calls})")
+        if self.error_every and self.calls % self.error_every == 0:
+            raise RuntimeError(f"builtin:flaky failed on purpose (call {self.calls})")
+        return x
+
+
+class Hang(nn.Module):
+    """Answers ``after`` calls (warmup included), then blocks forever: a wedged kernel or driver
+    call, for the watchdog's tests. The wait releases the GIL, as a stuck CUDA call does."""
+
+    def __init__(self, after: int = 100) -> None:
+        super().__init__()
+        self.after = after
+        self.calls = 0
+        self._never = threading.Event()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls > self.after:
+            self._never.wait()
+        return x
+
+
 BUILTINS: dict[str, Callable[..., nn.Module]] = {
+    "flaky": Flaky,
+    "hang": Hang,
     "convnet": ConvNet,
     "noop": Noop,
     "sleep": Sleep,
     "detector": Detector,  # output needs NMS: exercises input.postprocess = detect
+    "leak_host": LeakHost,  # leak tests and demos (soakd/models/leaky.py)
+    "leak_cuda": LeakCuda,
+    "fragment_cuda": FragmentCuda,
 }

@@ -14,7 +14,12 @@ BUILTIN_DEFAULT_SHAPES: dict[str, str] = {
     "convnet": "3x224x224",
     "noop": "16",
     "sleep": "16",
+    "flaky": "16",
+    "hang": "16",
     "detector": "3x320x320",
+    "leak_host": "16",
+    "leak_cuda": "16",
+    "fragment_cuda": "16",
 }
 
 
