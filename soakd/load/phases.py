@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Protocol
@@ -44,9 +45,7 @@ class PhaseScheduler:
     """Drives the ramp and the probes on its own BackgroundScheduler (one thread, daemon)."""
 
     def __init__(self, cfg: Config, engine: LoadControl, set_phase: Callable[[str], None], *,
-                 elapsed_before: float = 0.0, clock: Callable[[], float] | None = None) -> None:
-        import time
-
+                 elapsed_before: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
         self.engine = engine
         self.set_phase = set_phase
@@ -56,7 +55,7 @@ class PhaseScheduler:
         self.target = float(target)
         self.ramp = cfg.phases.ramp
         self.elapsed_before = elapsed_before  # a resumed run does not ramp again from zero
-        self.clock = clock or time.monotonic
+        self.clock = clock
         self._t0 = self.clock()
         self._lock = threading.Lock()
         self.phase = "steady"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,8 +57,6 @@ def _resolve(conn: sqlite3.Connection, run_id: str | None) -> tuple[str, tuple[A
 
 
 def _iso(t: float | None) -> str | None:
-    import time
-
     return None if t is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
