@@ -323,7 +323,7 @@ class StateStore:
     def _flush_logged(self) -> None:
         try:
             self.flush()
-        except sqlite3.Error as exc:  # a full disk must not stop the soak; say so once per kind
+        except Exception as exc:  # a full disk (or a bad row) must not stop the soak or the writer
             self.write_errors += 1
             if self.write_errors in (1, 10, 100) or self.write_errors % 1000 == 0:
                 log.error("state store write failed (%d so far): %s", self.write_errors, exc)
@@ -332,7 +332,7 @@ class StateStore:
         self._last_maintain = self.clock()
         try:
             self.maintain()
-        except sqlite3.Error as exc:
+        except Exception as exc:
             log.error("state store maintenance failed: %s", exc)
 
     def flush(self) -> None:
