@@ -23,7 +23,7 @@ def main() -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--batch-sizes", default="1,4,8,16,32")
     ap.add_argument("--concurrency", default="2x", help="default 2x: twice each step's max batch size")
-    ap.add_argument("--shape", default=None, help="default: 3x224x224 on CUDA, 3x64x64 on CPU")
+    ap.add_argument("--shape", default=None, help="default: 3x224x224 on CUDA, 3x16x16 on CPU")
     ap.add_argument("--step-duration", default="5s", help="fixed time per step; 'stable' waits for stability")
     ap.add_argument("--slo-p99-ms", type=float, default=None)
     ap.add_argument("--json", default=None)
@@ -32,7 +32,7 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)  # on a busy small box, 1 avoids OpenMP threads fighting
     cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
-    shape = args.shape or ("3x224x224" if cuda else "3x64x64")
+    shape = args.shape or ("3x224x224" if cuda else "3x16x16")
     cfg = load_config(None, {"model.spec": "builtin:convnet", "model.device": args.device,
                              "input.shapes": shape, "model.warmup": 50, "batcher.max_queue_delay_ms": 5.0})
     ns = argparse.Namespace(

@@ -96,12 +96,21 @@ class TestKneeAndRecommendation:
         assert rec is not None and rec["max_batch_size"] == 8 and rec["throughput_rps"] == 240
 
     def test_stable_steps_are_preferred_and_unstable_ones_marked(self) -> None:
+        """A step that never settled loses to a stable one; chosen anyway, it says so."""
         steps = _steps(SEED_TABLE)
         steps[2]["stable"] = False
         rec = recommend(steps, 40.0, None)
         assert rec is not None and rec["max_batch_size"] == 4
         only_unstable = recommend(steps[2:3], 40.0, None)
         assert only_unstable is not None and "unstable" in only_unstable["reason"]
+
+    def test_fixed_duration_sweeps_pick_the_fastest_and_flag_it(self) -> None:
+        """With --step-duration, stability is only reported: the fastest step under the SLO wins."""
+        steps = _steps(SEED_TABLE)
+        steps[2]["stable"] = False
+        rec = recommend(steps, 40.0, None, prefer_stable=False)
+        assert rec is not None and rec["max_batch_size"] == 8 and rec["stable"] is False
+        assert "unstable" in rec["reason"]
 
     def test_no_step_meets_the_slo(self) -> None:
         assert recommend(_steps(SEED_TABLE), 1.0, None) is None
@@ -118,12 +127,13 @@ class TestPlan:
         p = plan(load_config(None), _ns(sweep_concurrency="1,8", sweep_max_batch_size="4,16"))
         assert p.mode == "concurrency"
         grid = [(s["concurrency"], s["max_batch_size"]) for s in p.steps]
-        assert grid == [(1, 4), (1, 16), (8, 4), (8, 16)]
+        assert grid == [(1, 4), (1, 16), (8, 4), (8, 16)] and not p.one_axis
 
     def test_concurrency_can_follow_the_batch_size(self) -> None:
         """--concurrency 2x feeds each step twice its max batch size."""
         p = plan(load_config(None), _ns(sweep_concurrency="2x", sweep_max_batch_size="1,4,32"))
         assert [(s["concurrency"], s["max_batch_size"]) for s in p.steps] == [(2, 1), (8, 4), (64, 32)]
+        assert p.one_axis  # the knee is looked for in step order
 
     @pytest.mark.parametrize(
         ("kw", "message"),

@@ -51,6 +51,7 @@ class SweepPlan:
     max_step: float
     tolerance: float  # fraction
     slo_p99_ms: float | None
+    one_axis: bool = True  # one load value or one batch size (or load tied to batch size, 2x)
 
 
 def _parse_list(text: str | None, flag: str, kind: Callable[[str], Any]) -> list[Any] | None:
@@ -121,7 +122,7 @@ def plan(cfg: Config, ns: argparse.Namespace) -> SweepPlan:
         raise ConfigError(f"--max-step: must be >= --min-step ({min_step}s), got {max_step}s")
     slo = ns.slo_p99_ms if ns.slo_p99_ms is not None else cfg.slo.p99_ms
     return SweepPlan(mode, steps, fixed, window, max(min_step, 4 * window), max(max_step, 4 * window),
-                     tol / 100.0, slo)
+                     tol / 100.0, slo, one_axis=len(loads) == 1 or len(batch) == 1)
 
 
 def step_config(cfg: Config, step: dict[str, Any]) -> Config:
@@ -158,13 +159,14 @@ class StepResult:
 
 
 def _mark(engine: Engine, metrics: Metrics) -> Mark:
-    reg = metrics.registry
     pool = engine.preprocess_pool
+    # Sum and count from one collect() of the batch-size histogram, so they describe the same batches.
+    samples = {s.name: s.value for family in metrics.batch_size.collect() for s in family.samples}
     return Mark(
         t=time.perf_counter(),
         stats=engine.stats(),
-        batch_sum=reg.get_sample_value("soakd_batch_size_sum") or 0.0,
-        batch_count=reg.get_sample_value("soakd_batch_size_count") or 0.0,
+        batch_sum=samples.get("soakd_batch_size_sum", 0.0),
+        batch_count=samples.get("soakd_batch_size_count", 0.0),
         pre_busy=pool.busy_seconds() if pool is not None else 0.0,
     )
 
@@ -321,9 +323,13 @@ def _brief(step: dict[str, Any]) -> dict[str, Any]:
 
 
 def recommend(
-    steps: list[dict[str, Any]], slo_p99_ms: float | None, knee: dict[str, Any] | None
+    steps: list[dict[str, Any]], slo_p99_ms: float | None, knee: dict[str, Any] | None, *, prefer_stable: bool = True
 ) -> dict[str, Any] | None:
-    """Highest throughput whose p99 meets the SLO (stable steps preferred); no SLO: the knee."""
+    """Highest throughput whose p99 meets the SLO; no SLO: the knee.
+
+    ``prefer_stable``: a step that never settled within --max-step is only chosen when no stable
+    one meets the SLO. Fixed-duration steps are too short for that to mean much, so there the
+    fastest step wins and is only flagged."""
     if slo_p99_ms is None:
         if knee is not None:
             return {**knee, "reason": "no SLO given: the knee"}
@@ -332,11 +338,11 @@ def recommend(
     meeting = [s for s in steps if s["p99_ms"] is not None and s["p99_ms"] <= slo_p99_ms]
     if not meeting:
         return None
-    stable = [s for s in meeting if s["stable"]]
+    stable = [s for s in meeting if s["stable"]] if prefer_stable else []
     best = max(stable or meeting, key=lambda s: s["throughput_rps"])
     reason = f"highest throughput with p99 <= {slo_p99_ms} ms"
-    if not stable:
-        reason += " (no stable step met the SLO: this one was unstable)"
+    if not best["stable"]:
+        reason += " (an unstable step: its figures moved by more than the tolerance)"
     return {**_brief(best), "slo_p99_ms": slo_p99_ms, "reason": reason}
 
 
@@ -401,9 +407,8 @@ def sweep_command(cfg: Config, ns: argparse.Namespace, out: TextIO = sys.stdout)
         steps.append(figures)
         log.info("step %d %s: %.1f req/s, p99 %s ms, %s%s", i, settings, figures["throughput_rps"],
                  figures["p99_ms"], figures["bottleneck"], "" if figures["stable"] else " (unstable)")
-    one_axis = len({s[sweep.mode] for s in steps}) == 1 or len({s["max_batch_size"] for s in steps}) == 1
-    knee = find_knee(steps if one_axis else sorted(steps, key=lambda s: s["throughput_rps"]))
-    rec = recommend(steps, sweep.slo_p99_ms, knee)
+    knee = find_knee(steps if sweep.one_axis else sorted(steps, key=lambda s: s["throughput_rps"]))
+    rec = recommend(steps, sweep.slo_p99_ms, knee, prefer_stable=sweep.step_duration is None)
     shapes = cfg.input.shapes or model.default_shape
     desc = f"samples {cfg.input.samples}" if cfg.input.samples else f"shapes {shapes}"
     run_fp = fingerprint(cfg, run_id=new_run_id(), model_spec=cfg.model.spec, model_sha256=model.sha256,
