@@ -207,6 +207,8 @@ def run_step(model: LoadedModel, cfg: Config, sweep: SweepPlan, settings: dict[s
     result = StepResult(settings, workers=step_cfg.input.preprocess_workers)
     cuda = model.device.type == "cuda"
     if cuda:
+        # Give back what earlier steps cached, so each step's peak is what its own batches need.
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(model.device)
     proc = psutil.Process()
     engine.start()
@@ -401,12 +403,18 @@ def sweep_command(cfg: Config, ns: argparse.Namespace, out: TextIO = sys.stdout)
            f"until stable within {100 * sweep.tolerance:g}% ({sweep.min_step:g}-{sweep.max_step:g}s)")
     log.info("sweep: %d steps over %s and max batch size, %s", len(sweep.steps), sweep.mode, how)
 
-    steps = []
+    steps: list[dict[str, Any]] = []
     for i, settings in enumerate(sweep.steps):
-        figures = step_figures(i, run_step(model, cfg, sweep, settings))
+        try:
+            figures = step_figures(i, run_step(model, cfg, sweep, settings))
+        except KeyboardInterrupt:
+            log.warning("interrupted: reporting the %d step(s) that finished", len(steps))
+            break
         steps.append(figures)
         log.info("step %d %s: %.1f req/s, p99 %s ms, %s%s", i, settings, figures["throughput_rps"],
                  figures["p99_ms"], figures["bottleneck"], "" if figures["stable"] else " (unstable)")
+    if not steps:
+        return 130  # interrupted before any step finished (128 + SIGINT)
     knee = find_knee(steps if sweep.one_axis else sorted(steps, key=lambda s: s["throughput_rps"]))
     rec = recommend(steps, sweep.slo_p99_ms, knee, prefer_stable=sweep.step_duration is None)
     shapes = cfg.input.shapes or model.default_shape

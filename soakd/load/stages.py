@@ -139,7 +139,8 @@ class PreprocessPool:
         prev_t, prev_busy = self._clock(), self.busy_seconds()
         while not self._stop.wait(BUSY_INTERVAL_S):
             now, busy = self._clock(), self.busy_seconds()
-            self._gauge.set(min(1.0, (busy - prev_busy) / max(1e-9, (now - prev_t) * self.workers)))
+            ratio = (busy - prev_busy) / max(1e-9, (now - prev_t) * self.workers)
+            self._gauge.set(min(1.0, max(0.0, ratio)))  # a task ending mid-read can blur one edge
             prev_t, prev_busy = now, busy
 
 
