@@ -60,10 +60,10 @@ def baseline_positive(t: np.ndarray, v: np.ndarray, now: float, params: Detector
     return bool(res.trend == "increasing" and res.slope > 0)
 
 
-def judge_one(args: tuple[str, int, DetectorParams, float]) -> Outcome:
-    pattern, seed, params, step = args
+def judge_one(args: tuple[str, int, DetectorParams, float, float]) -> Outcome:
+    pattern, seed, params, step, floor = args
     tr = generate(pattern, seed)
-    r = replay(tr.t, tr.v, params, DEFAULT_FLOOR_BYTES_PER_HOUR, step=step)
+    r = replay(tr.t, tr.v, params, floor, step=step)
     ttv = None
     if tr.leaking and r.suspected:
         start = tr.leak_start or 0.0
@@ -86,10 +86,13 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--step", type=float, default=600.0, help="seconds of trace between evaluations")
     ap.add_argument("--patterns", default=",".join(PATTERNS))
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a DetectorParams field (seconds), e.g. --set persistence=2700")
+    ap.add_argument("--floor", type=float, default=DEFAULT_FLOOR_BYTES_PER_HOUR, help="bytes/hour")
     ns = ap.parse_args()
-    params = DetectorParams()
+    params = DetectorParams(**{k: float(v) for k, v in (item.split("=", 1) for item in ns.set)})
     patterns = [p for p in ns.patterns.split(",") if p]
-    work = [(p, s, params, ns.step) for p in patterns for s in range(ns.seeds)]
+    work = [(p, s, params, ns.step, ns.floor) for p in patterns for s in range(ns.seeds)]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(ns.jobs) as pool:
         outcomes = list(pool.map(judge_one, work, chunksize=8))
@@ -99,7 +102,7 @@ def main() -> int:
     for o in outcomes:
         by[o.pattern].append(o)
     print(f"leak detection: {len(outcomes)} traces (6 h, 10 s), {ns.seeds} per pattern, judged every "
-          f"{ns.step / 60:.0f} min; params {params}, floor {DEFAULT_FLOOR_BYTES_PER_HOUR / 2**20:.1f} MiB/h")
+          f"{ns.step / 60:.0f} min; params {params}, floor {ns.floor / 2**20:.1f} MiB/h")
     print(f"{'pattern':<16}{'kind':<10}{'soakd final':>12}{'soakd ever':>12}{'median ttv':>12}"
           f"{'base final':>12}{'base ever':>12}")
     def rate(rows: list[Outcome], attr: str) -> str:

@@ -160,7 +160,7 @@ class LeakConfig:
     min_slope_bytes_per_hour: dict[str, float] = field(default_factory=dict)
     trough_span: float = _duration(1800.0)  # lower envelope: rides out sawtooth up to this period
     bin: float = _duration(300.0)  # spacing of the envelope points
-    alpha: float = 0.01  # one-sided Mann-Kendall (Hamed-Rao) significance
+    alpha: float = 0.001  # one-sided Mann-Kendall (Hamed-Rao) significance
     persistence: float = _duration(1800.0, allow_zero=True)  # a judgement must hold this long to flip
     min_span: float = _duration(3600.0)  # post-warm-up data needed before any judgement
     cuda_history: str = "auto"  # auto: record allocations while suspicion builds | always | off

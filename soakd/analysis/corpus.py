@@ -7,7 +7,8 @@ staircases of steps that never come back, a leak that starts hours in). Every tr
 from its own seed, so a (pattern, seed) pair names one trace for tests and the benchmark.
 
 Defaults: 6 h at 10 s sampling, leak rates log-uniform from 5 MiB/h to 200 MiB/h, noise with
-a stationary standard deviation from 0.25 to 4 MiB and lag-1 autocorrelation 0.5 to 0.98.
+a stationary standard deviation from 0.25 to 8 MiB and lag-1 autocorrelation 0.5 to 0.98,
+sawtooth periods from 1 to 20 min (jittered by 20%).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def warmup_growth(rng: np.random.Generator, t: Array, *, big: bool = False) -> t
 
 
 def _noise(rng: np.random.Generator, n: int) -> tuple[Array, dict[str, float]]:
-    sd = _loguniform(rng, 0.25 * MIB, 4 * MIB)
+    sd = _loguniform(rng, 0.25 * MIB, 8 * MIB)
     phi = rng.uniform(0.5, 0.98)
     return ar1_noise(rng, n, sd, phi), {"noise_sd": sd, "noise_phi": phi}
 
@@ -113,7 +114,7 @@ def _p_step(rng: np.random.Generator, t: Array) -> PatternOut:
 
 def _p_sawtooth(rng: np.random.Generator, t: Array) -> PatternOut:
     amp = _loguniform(rng, 8 * MIB, 256 * MIB)
-    period = rng.uniform(1.0, 15.0) * MINUTE
+    period = rng.uniform(1.0, 20.0) * MINUTE
     return sawtooth(rng, t, amp, period), None, 0.0, {"saw_amp": amp, "saw_period": period}
 
 

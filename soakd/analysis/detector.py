@@ -2,21 +2,25 @@
 over judgements, and a replay of a recorded trace as the live monitor would have judged it.
 
 A judgement is positive when, over the analysis window after warm-up,
-  * the troughs (bin minima) trend upward: Mann-Kendall with the Hamed-Rao correction,
-    one-sided p below ``alpha``, after taking out the single largest level shift;
+  * the troughs (a trailing-minimum envelope) trend upward: Mann-Kendall with the Hamed-Rao
+    correction, one-sided p below ``alpha``, within the blocks either side of the single
+    largest level shift when one stands out (one step is not a leak; a staircase is);
   * the Theil-Sen slope of those troughs is at least the series' floor (bytes/hour); and
   * the newest half of the window still grows at half the floor or more (a leak keeps
     growing; a warm-up tail or a swing that has turned does not).
 The verdict flips to suspected only after judgements have been positive for ``persistence``
-seconds, and back only after they have been negative as long.
+seconds. It clears only after the leak's signs have been gone as long (hysteresis): a
+suspected series "holds" while its troughs still trend up (p below ten times ``alpha``), at
+half the floor or more, and still grow in the newest third of the window; a noisy third
+that merely slows down does not clear a verdict.
 
-Pure numpy/scipy: no torch, so ``soakd analyze`` stays light.
+Pure numpy (no torch, no scipy.stats), so ``soakd analyze`` starts fast.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -38,9 +42,9 @@ DEFAULT_FLOOR_BYTES_PER_HOUR = 2 * MIB
 class DetectorParams:
     warmup: float = 1800.0  # seconds ignored at the start of the run
     window: float = 6 * 3600.0  # seconds of history judged (and its newest half)
-    trough_span: float = 1200.0  # seconds; the lower envelope rides out sawtooth up to this period
+    trough_span: float = 1800.0  # seconds; the lower envelope rides out sawtooth up to this period
     bin: float = 300.0  # seconds between envelope points
-    alpha: float = 0.01  # one-sided Mann-Kendall significance
+    alpha: float = 0.001  # one-sided Mann-Kendall significance
     persistence: float = 1800.0  # seconds a judgement must hold before the verdict flips
     min_span: float = 3600.0  # seconds of post-warm-up data before any judgement
 
@@ -67,6 +71,11 @@ class Judgement:
     start: float = math.nan  # first time judged (after warm-up and any detected warm-up tail)
     bins: int = 0
     last_value: float = math.nan
+    holds: bool = False  # enough to keep a verdict that is already suspected
+
+    def keeps(self, suspected: bool) -> bool:
+        """The judgement to feed the persistence rule, given the current verdict."""
+        return self.holds if suspected else self.positive
 
 
 def judge(t: Array, v: Array, params: DetectorParams, floor: float, *, now: float | None = None,
@@ -82,10 +91,11 @@ def judge(t: Array, v: Array, params: DetectorParams, floor: float, *, now: floa
     since = float(t[0]) if since is None else since
     first = since + params.warmup
     long = _judge_span(t, v, params, floor, max(first, now - params.window), now)
-    if now - first <= params.window / 2 + params.bin or long.positive:
+    if now - first <= params.window / 2 + params.bin or (long.positive and long.holds):
         return long
     short = _judge_span(t, v, params, floor, max(first, now - params.window / 2), now)
-    return short if short.positive else long
+    best = short if short.positive and not long.positive else long
+    return replace(best, positive=long.positive or short.positive, holds=long.holds or short.holds)
 
 
 def _rate(x: Array, y: Array, lo: float, hi: float) -> float:
@@ -114,14 +124,16 @@ def _judge_span(
         if now - start < params.min_span:
             return Judgement(False, math.nan, 1.0, "warming up (growth is levelling off)", start, 0, last)
         tb, yb = tb[knee:], yb[knee:]
-    yd, _ = remove_largest_step(yb)
-    test = mann_kendall(yd)
-    slope = theil_sen(tb, yd) * 3600.0
+    yd, split = remove_largest_step(yb)
+    # Envelope points closer than the trough span share samples: dependent by construction.
+    test = mann_kendall(yb, split=split, known_lags=max(0, round(params.trough_span / params.bin) - 1))
+    slope = theil_sen(tb, yb, split) * 3600.0
     # Growth in the newest third against the middle third, and the middle against the oldest:
     # a leak keeps its pace, a warm-up tail slows down, a swing that has turned goes flat.
     x0, x1 = float(tb[0]), float(tb[-1])
     third = (x1 - x0) / 3
     old, new = _rate(tb, yd, x0, x0 + 2 * third), _rate(tb, yd, x0 + third, x1)
+    holds = test.p_increasing < min(0.05, 10 * params.alpha) and slope >= 0.5 * floor and new >= 0.5 * floor
     if test.p_increasing >= params.alpha:
         reason = f"no significant upward trend (p={test.p_increasing:.3g})"
     elif slope < floor:
@@ -130,8 +142,8 @@ def _judge_span(
         reason = f"growth is slowing down ({old / MIB:.2f} then {new / MIB:.2f} MiB/h)"
     else:
         reason = f"troughs rise {slope / MIB:.2f} MiB/h (p={test.p_increasing:.3g})"
-        return Judgement(True, slope, test.p_increasing, reason, start, int(tb.size), last)
-    return Judgement(False, slope, test.p_increasing, reason, start, int(tb.size), last)
+        return Judgement(True, slope, test.p_increasing, reason, start, int(tb.size), last, holds)
+    return Judgement(False, slope, test.p_increasing, reason, start, int(tb.size), last, holds)
 
 
 @dataclass
@@ -187,7 +199,7 @@ def replay(t: Array, v: Array, params: DetectorParams, floor: float, *, step: fl
     for now in times:
         hi = int(np.searchsorted(t, now, side="right"))
         j = judge(t[:hi], v[:hi], params, floor, now=now, since=t0)
-        if state.update(now, j.positive):
+        if state.update(now, j.keeps(state.suspected)):
             flips.append((now - t0, state.suspected))
             if state.suspected and first is None:
                 first = now - t0

@@ -117,7 +117,7 @@ class LeakMonitor:
         floor = floor_for(name, self.cfg.min_slope_bytes_per_hour)
         j = judge(t, v, self.params, floor, now=now, since=self.since)
         state = self._states.setdefault(name, Persistence(self.params.persistence))
-        flipped = state.update(now, j.positive)
+        flipped = state.update(now, j.keeps(state.suspected))
         eta = self._eta(name, j)
         verdict = Verdict(name, state.suspected, j, eta)
         self.verdicts[name] = verdict

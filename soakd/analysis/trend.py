@@ -11,12 +11,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 import numpy.typing as npt
-from scipy.stats import norm, rankdata
 
 Array = npt.NDArray[np.float64]
+_NORMAL = NormalDist()  # stdlib, not scipy.stats: `soakd analyze` starts in a fraction of the time
+
+
+def _upper_tail(z: float) -> float:
+    """P(Z > z) for a standard normal Z."""
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def _average_ranks(a: Array) -> Array:
+    """Ranks 1..n with ties sharing their average rank (as ``scipy.stats.rankdata``)."""
+    ranks = np.empty(a.size)
+    ranks[np.argsort(a, kind="mergesort")] = np.arange(1, a.size + 1)
+    _, inv, counts = np.unique(a, return_inverse=True, return_counts=True)
+    return (np.bincount(inv, weights=ranks) / counts)[inv]
 
 
 def troughs(t: Array, v: Array, bin_seconds: float, *, end: float | None = None) -> tuple[Array, Array]:
@@ -59,15 +73,25 @@ def lower_envelope(
     return tb[k - 1 :], win.min(axis=1)
 
 
-def theil_sen(x: Array, y: Array) -> float:
+def _pairs(n: int, split: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """Index pairs i < j, only within the blocks [0, split) and [split, n) when split > 0."""
+    i, j = np.triu_indices(n, k=1)
+    if split > 0:
+        same = (i < split) == (j < split)
+        i, j = i[same], j[same]
+    return i, j
+
+
+def theil_sen(x: Array, y: Array, split: int = 0) -> float:
     """Theil-Sen slope (median of pairwise slopes) of y against x; nan with under 2 points.
 
     The same estimate as ``scipy.stats.theilslopes(y, x).slope``, without its confidence
-    interval, which costs more than the slope on the small series judged here.
+    interval, which costs more than the slope on the small series judged here. With
+    ``split``, only pairs on the same side of a level shift at that index count.
     """
     if x.size < 2:
         return math.nan
-    i, j = np.triu_indices(x.size, k=1)
+    i, j = _pairs(x.size, split)
     dx = x[j] - x[i]
     ok = dx != 0
     if not ok.any():
@@ -82,7 +106,7 @@ class MKResult:
     p_increasing: float  # one-sided p-value for an increasing trend
 
 
-def mann_kendall(y: Array, *, lag_alpha: float = 0.05) -> MKResult:
+def mann_kendall(y: Array, *, split: int = 0, known_lags: int = 0, lag_alpha: float = 0.05) -> MKResult:
     """Mann-Kendall with the Hamed-Rao (1998) autocorrelation correction, one-sided (increasing).
 
     As ``pymannkendall.hamed_rao_modification_test`` (ties in the variance, significant rank
@@ -90,49 +114,77 @@ def mann_kendall(y: Array, *, lag_alpha: float = 0.05) -> MKResult:
     change: the correction only ever widens the variance. With few points the rank
     autocorrelation can come out negative, and a correction that shrinks the variance
     would make the test more eager, not less.
+
+    ``known_lags``: lags 1..known_lags enter the correction whether or not their estimate
+    passes the significance bound, for series dependent by construction (the overlapping
+    windows of :func:`lower_envelope`); with few points their estimates often would not.
+
+    With ``split``, the series is two blocks either side of a level shift and the test is the
+    blocked (seasonal-Kendall style) sum of the blocks' S and variances: the shift itself,
+    and any error in estimating its size, never counts as trend.
     """
+    blocks = [y[:split], y[split:]] if split > 0 else [y]
+    s_total, var_total = 0.0, 0.0
+    for b in blocks:
+        s, var = _mk_block(b, lag_alpha, known_lags)
+        s_total += s
+        var_total += var
+    if var_total <= 0:
+        return MKResult(s_total, 0.0, 1.0)
+    z = (s_total - math.copysign(1.0, s_total)) / math.sqrt(var_total) if s_total != 0 else 0.0
+    return MKResult(s_total, z, _upper_tail(z))
+
+
+def _mk_block(y: Array, lag_alpha: float, known_lags: int = 0) -> tuple[float, float]:
+    """(S, variance) of one block, Hamed-Rao corrected (never narrower); (0, 0) under 4 points."""
     n = y.size
     if n < 4:
-        return MKResult(0.0, 0.0, 1.0)
+        return 0.0, 0.0
     i, j = np.triu_indices(n, k=1)
     s = float(np.sign(y[j] - y[i]).sum())
     _, counts = np.unique(y, return_counts=True)
     var = (n * (n - 1) * (2 * n + 5) - float(np.sum(counts * (counts - 1) * (2 * counts + 5)))) / 18.0
     if var <= 0:
-        return MKResult(s, 0.0, 1.0)
+        return s, 0.0
     slope = float(np.median((y[j] - y[i]) / (j - i)))
-    ranks = rankdata(y - slope * np.arange(1, n + 1))
+    ranks = _average_ranks(y - slope * np.arange(1, n + 1))
     r = ranks - ranks.mean()
     denom = float(np.dot(r, r))
     if denom > 0:
         acf = np.correlate(r, r, "full")[n:] / denom  # lags 1..n-1
         lags = np.arange(1, n)
-        bound = norm.ppf(1 - lag_alpha / 2) / math.sqrt(n)
-        sig = np.abs(acf) > bound
+        bound = _NORMAL.inv_cdf(1 - lag_alpha / 2) / math.sqrt(n)
+        sig = (np.abs(acf) > bound) | (lags <= known_lags)
         sni = float(np.sum(((n - lags) * (n - lags - 1) * (n - lags - 2) * acf)[sig]))
         var *= max(1.0, 1.0 + 2.0 / (n * (n - 1) * (n - 2)) * sni)
-    z = (s - math.copysign(1.0, s)) / math.sqrt(var) if s != 0 else 0.0
-    return MKResult(s, z, float(norm.sf(z)))
+    return s, var
 
 
-def remove_largest_step(y: Array, max_lag: int = 2) -> tuple[Array, int]:
-    """Take out the largest rise over up to ``max_lag`` neighbouring points.
+def remove_largest_step(y: Array, max_lag: int = 2, min_sigmas: float = 4.0) -> tuple[Array, int]:
+    """Take out the largest rise over up to ``max_lag`` neighbouring points, if it stands out.
 
     One level shift (a new input shape, a cache that grows once) is not a leak; a staircase
-    that keeps stepping still trends after one of its steps is taken out, and a creep loses
-    only one increment. A step that settles over a few points counts as one (``max_lag``).
-    Returns the adjusted series and the index the step ends at (0: none).
+    that keeps stepping still trends after one of its steps is taken out. A step that settles
+    over a few points counts as one (``max_lag``). Only a rise of ``min_sigmas`` times the
+    robust spread of the point-to-point changes counts as a step: taking out the largest
+    noise wiggle would bias a slow creep's slope down. Returns the adjusted series and the
+    index the step ends at (0: none).
     """
     out = y.copy()
     if y.size < 3:
         return out, 0
+    # Robust spread of the changes that happen (a trailing-minimum envelope holds flat for
+    # a few points at a time; counting those zeros would make every wiggle a "step").
+    d1 = np.diff(y)
+    d1 = d1[d1 != 0]
+    spread = 1.4826 * float(np.median(np.abs(d1 - np.median(d1)))) if d1.size else 0.0
     best, at, lag = 0.0, 0, 1
     for k in range(1, min(max_lag, y.size - 1) + 1):
         d = y[k:] - y[:-k]
         i = int(np.argmax(d))
         if d[i] > best:
             best, at, lag = float(d[i]), i, k
-    if best <= 0:
+    if best <= 0 or best < min_sigmas * spread:
         return out, 0
     out[at + lag :] -= best
     out[at + 1 : at + lag] = y[at]
