@@ -19,14 +19,17 @@ import numpy as np
 import torch
 from torch import nn
 
+from soakd.config import ConfigError
+
 MIB = 1 << 20
 
 
 class _Leak(nn.Module):
     def __init__(self, bytes_per_call: int = 0, mib_per_s: float = 0.0, max_mib: float = 4096.0) -> None:
         super().__init__()
-        if bytes_per_call < 0 or mib_per_s < 0 or max_mib < 0:
-            raise ValueError("bytes_per_call, mib_per_s and max_mib must be >= 0")
+        for key, value in (("bytes_per_call", bytes_per_call), ("mib_per_s", mib_per_s), ("max_mib", max_mib)):
+            if value < 0:
+                raise ConfigError(f"model.options.{key}: must be >= 0, got {value}")
         if not bytes_per_call and not mib_per_s:
             mib_per_s = 1.0
         self.bytes_per_call = int(bytes_per_call)
@@ -90,8 +93,10 @@ class FragmentCuda(nn.Module):
 
     def __init__(self, keep: int = 64, min_kib: int = 64, max_kib: int = 8192, seed: int = 0) -> None:
         super().__init__()
-        if keep < 1 or min_kib < 1 or max_kib < min_kib:
-            raise ValueError("need keep >= 1 and 1 <= min_kib <= max_kib")
+        if keep < 1:
+            raise ConfigError(f"model.options.keep: must be >= 1, got {keep}")
+        if not 1 <= min_kib <= max_kib:
+            raise ConfigError(f"model.options.min_kib, max_kib: need 1 <= min_kib <= max_kib, got {min_kib}, {max_kib}")
         self.keep = keep
         self._rng = np.random.default_rng(seed)
         self._lo, self._hi = min_kib * 1024, max_kib * 1024
@@ -100,7 +105,7 @@ class FragmentCuda(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with self._lock:
-            size = int(self._rng.integers(self._lo, self._hi))
+            size = int(self._rng.integers(self._lo, self._hi, endpoint=True))
             self._live.append(torch.empty(size, dtype=torch.uint8, device=x.device))
             while len(self._live) > self.keep:
                 # Free from the middle as well as the oldest: holes between live blocks.
