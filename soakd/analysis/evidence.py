@@ -109,7 +109,12 @@ class Evidence:
             self.cuda.start()
 
     def open(self) -> None:
-        if tracemalloc.is_tracing():
+        self.tick()
+
+    def tick(self) -> None:
+        """Every evaluation: the tracemalloc baseline, as soon as tracing is on (the telemetry
+        source may start it after the monitor opened)."""
+        if self._baseline is None and tracemalloc.is_tracing():
             self._baseline = tracemalloc.take_snapshot()
 
     def close(self) -> None:

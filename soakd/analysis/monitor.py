@@ -103,6 +103,8 @@ class LeakMonitor:
         """Judge every series that has data; update gauges; report flips. Returns the verdicts."""
         with self._lock:
             now = self.clock() if now is None else now
+            if self.evidence is not None:
+                self.evidence.tick()
             for name in self.series:
                 t, v = self.store.read(name)
                 if t.size == 0:
