@@ -50,6 +50,14 @@ def test_slow_creep_at_five_mib_per_hour_under_autocorrelated_noise() -> None:
     assert replay(t, v, PARAMS, FLOOR).suspected
 
 
+def test_a_noisy_slowdown_does_not_clear_a_verdict() -> None:
+    """Hysteresis: a slow creep under heavy noise (8 MiB/h, 5.6 MiB) whose newest third looks
+    flat for a while stays suspected; without it the verdict was lost before the end."""
+    tr = generate("creep", 47)
+    r = replay(tr.t, tr.v, PARAMS, FLOOR)
+    assert r.suspected and [up for _, up in r.flips] == [True]
+
+
 def test_slope_below_the_floor_is_not_a_leak() -> None:
     """A clean 1 MiB/h rise is significant, but under the 2 MiB/h default floor."""
     t = np.arange(0.0, 6 * 3600.0, 10.0)

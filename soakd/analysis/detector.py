@@ -91,7 +91,7 @@ def judge(t: Array, v: Array, params: DetectorParams, floor: float, *, now: floa
     since = float(t[0]) if since is None else since
     first = since + params.warmup
     long = _judge_span(t, v, params, floor, max(first, now - params.window), now)
-    if now - first <= params.window / 2 + params.bin or (long.positive and long.holds):
+    if now - first <= params.window / 2 + params.bin or long.positive:
         return long
     short = _judge_span(t, v, params, floor, max(first, now - params.window / 2), now)
     best = short if short.positive and not long.positive else long
@@ -128,12 +128,15 @@ def _judge_span(
     # Envelope points closer than the trough span share samples: dependent by construction.
     test = mann_kendall(yb, split=split, known_lags=max(0, round(params.trough_span / params.bin) - 1))
     slope = theil_sen(tb, yb, split) * 3600.0
-    # Growth in the newest third against the middle third, and the middle against the oldest:
+    # Rise from the middle third's median to the newest third's, against the rise from the
+    # oldest third's to the middle's (on the series with the level shift taken out):
     # a leak keeps its pace, a warm-up tail slows down, a swing that has turned goes flat.
     x0, x1 = float(tb[0]), float(tb[-1])
     third = (x1 - x0) / 3
     old, new = _rate(tb, yd, x0, x0 + 2 * third), _rate(tb, yd, x0 + third, x1)
-    holds = test.p_increasing < min(0.05, 10 * params.alpha) and slope >= 0.5 * floor and new >= 0.5 * floor
+    # Weaker than positive (which implies it): what keeps an existing verdict.
+    hold_alpha = max(params.alpha, min(0.05, 10 * params.alpha))
+    holds = test.p_increasing < hold_alpha and slope >= 0.5 * floor and new >= 0.5 * floor
     if test.p_increasing >= params.alpha:
         reason = f"no significant upward trend (p={test.p_increasing:.3g})"
     elif slope < floor:
