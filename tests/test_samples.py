@@ -19,7 +19,7 @@ from PIL import Image
 from soakd.config import load_config
 from soakd.load.engine import Engine
 from soakd.telemetry.catalogue import Metrics
-from soakd.workload.preprocess import BadInput, Preprocessor, TextLine
+from soakd.workload.preprocess import BadInput, Preprocessor, TextLine, decode_image
 from soakd.workload.samples import SampleSource
 from soakd.workload.sources import build_source
 from tests.conftest import metric_value, soakd_cmd, wait_for
@@ -71,6 +71,17 @@ class TestPreprocess:
             key, x = pre(str(tmp_path / name))
             assert key == (3, 64, 64) and x.shape == (3, 64, 64) and x.dtype == torch.float32
             assert float(x.min()) > -3.0 and float(x.max()) < 3.0  # ImageNet-normalised
+
+    def test_pixels_are_normalised_with_imagenet_statistics(self) -> None:
+        """Each channel is (pixel / 255 - mean) / std after a bilinear resize, laid out CHW."""
+        img = _image(50, 70, 3)
+        buf = io.BytesIO()
+        img.save(buf, "PNG")
+        x = decode_image(buf.getvalue(), (3, 32, 24))
+        ref = np.asarray(img.resize((24, 32), Image.Resampling.BILINEAR), dtype=np.float64) / 255
+        ref = ((ref - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]).transpose(2, 0, 1)
+        assert x.shape == (3, 32, 24) and x.is_contiguous()
+        assert np.abs(x.numpy() - ref).max() < 1e-5
 
     def test_json_bodies_carry_base64_images_arrays_and_text(self, tmp_path: Path) -> None:
         """A base64 image is decoded and resized, an array keeps its shape, text is tokenized."""
