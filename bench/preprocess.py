@@ -88,7 +88,7 @@ def stage_shares(seconds: float, workers: int, concurrency: int) -> None:
     for stage in ("preprocess", "queue", "inference", "postprocess"):
         print(f"  {stage:<12}{means[stage]:>10.2f}{means[stage] / e2e:>13.1%}")
     rest = e2e - sum(means[s] for s in ("preprocess", "queue", "inference", "postprocess"))
-    print(f"  {'(between)':<12}{rest:>10.2f}{rest / e2e:>13.1%}")
+    print(f"  {'unaccounted':<12}{rest:>10.2f}{rest / e2e:>13.1%}")  # stages tile e2e: ~0
     print(f"  {'e2e':<12}{e2e:>10.2f}{1:>13.1%}")
     pool = engine.preprocess_pool
     if pool is not None:
