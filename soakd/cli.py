@@ -1,6 +1,7 @@
 """Command line: argument parsing only; each subcommand calls one function elsewhere.
 
-Exit codes: 0 success / SLO met, 1 SLO missed or regression found, 2 usage or config error.
+Exit codes: 0 success / SLO met, 1 SLO missed or regression found, 2 usage or config error,
+3 soakd itself crashed.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+# An unexpected exception: distinct from 1 so that systemd restarts a crash but not a missed SLO.
+EXIT_CRASH = 3
 
 # `soakd run` flag -> config key path. Flags override the config file.
 RUN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -172,4 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if exc.errno == 98:  # EADDRINUSE
             print(f"soakd: error: cannot listen: {exc.strerror} (metrics.addr / --metrics-addr)", file=sys.stderr)
             return EXIT_USAGE
-        raise
+        logging.getLogger("soakd").exception("soakd crashed")
+        return EXIT_CRASH
+    except Exception:
+        logging.getLogger("soakd").exception("soakd crashed")
+        return EXIT_CRASH

@@ -97,3 +97,14 @@ def test_cuda_requested_without_cuda_is_a_config_error() -> None:
         pytest.skip("this host has CUDA")
     with pytest.raises(ConfigError, match=r"model\.device"):
         load_model("builtin:noop", "cuda")
+
+
+def test_factory_that_raises_is_a_load_error(tmp_path: Path) -> None:
+    """A factory that raises is the user's model to fix: exit 2 naming the spec, not a crash (3)."""
+    src = tmp_path / "broken.py"
+    src.write_text("def make():\n    raise RuntimeError('weights missing')\n")
+    res = subprocess.run(soakd_cmd("run", "--model", f"python:{src}:make", "--metrics-addr", "127.0.0.1:0",
+                                   "--state-dir", str(tmp_path / "state")),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert "factory raised RuntimeError: weights missing" in res.stderr
