@@ -82,6 +82,8 @@ def _call_with_options(factory: Callable[..., Any], options: dict[str, Any], whe
         return factory(**options)
     except TypeError as exc:
         raise ConfigError(f"model.options: {where}: {exc}") from None
+    except ConfigError:  # the factory's own check of an option names its key already
+        raise
     except Exception as exc:  # the user's factory failed: a load error to fix, not a crash to restart
         raise ModelLoadError(f"{where}: factory raised {type(exc).__name__}: {exc}") from exc
 
