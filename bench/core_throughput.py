@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from typing import Any
 
@@ -71,12 +72,18 @@ def main() -> None:
     shape = (3, 224, 224) if dev.startswith("cuda") else (3, 64, 64)
     shapes = "x".join(map(str, shape))
     batch = 8
-    offline = offline_loop("builtin:convnet", dev, shape, batch, s)
-    engine, online = soak("builtin:convnet", dev, shapes, s, load__concurrency=2 * batch,
-                          batcher__max_batch_size=batch, batcher__max_queue_delay_ms=5)
-    print("\n1. harness overhead, builtin:convnet", shapes, f"batch {batch}")
-    print(f"   offline loop          {offline:10.1f} req/s")
-    print(f"   soakd closed loop     {online:10.1f} req/s   mean batch {engine.batch_size_summary()['mean']:.2f}")
+    # Alternate the two, three rounds each, and compare medians: a shared machine drifts.
+    offlines, onlines = [], []
+    for _ in range(3):
+        offlines.append(offline_loop("builtin:convnet", dev, shape, batch, s / 3))
+        engine, rps = soak("builtin:convnet", dev, shapes, s / 3, load__concurrency=2 * batch,
+                           batcher__max_batch_size=batch, batcher__max_queue_delay_ms=5)
+        onlines.append(rps)
+    offline, online = statistics.median(offlines), statistics.median(onlines)
+    print("\n1. harness overhead, builtin:convnet", shapes, f"batch {batch} (median of 3 alternating rounds)")
+    print(f"   offline loop          {offline:10.1f} req/s   rounds {', '.join(f'{v:.0f}' for v in offlines)}")
+    print(f"   soakd closed loop     {online:10.1f} req/s   rounds {', '.join(f'{v:.0f}' for v in onlines)}"
+          f"   mean batch {engine.batch_size_summary()['mean']:.2f}")
     print(f"   ratio soakd/offline   {online / offline:10.3f}   (goal >= 0.95)")
 
     # 2. Driver ceiling.
@@ -105,15 +112,20 @@ def main() -> None:
     seed = LocalInferenceBenchmarker(model.fn, (1, *shape), warmup_runs=20, device=dev)
     per_thread = max(20, int(offline * s / 16 / 2))
     res = seed.run_stress_test([8], requests_per_thread=per_thread)[8]
-    engine, soakd8 = soak("builtin:convnet", dev, shapes, s, load__concurrency=8, batcher__max_batch_size=8,
-                          batcher__max_queue_delay_ms=2)
-    e2e = engine.stats().stages["e2e"]
     print("\n4. seed harness vs soakd, builtin:convnet", shapes, "concurrency 8")
-    print(f"   seed harness          {res['qps']:10.1f} req/s   p50 {res['p50_ms']:.2f} ms  p99 {res['p99_ms']:.2f} ms"
-          "  (no batching, no queue)")
-    print(f"   soakd (batch<=8)      {soakd8:10.1f} req/s   p50 {e2e.percentile(0.5) * 1e3:.2f} ms"
-          f"  p99 {e2e.percentile(0.99) * 1e3:.2f} ms  (e2e incl. queue)")
-    print(f"   ratio soakd/seed      {soakd8 / res['qps']:10.3f}")
+    print(f"   seed harness (8 threads, batch 1)   {res['qps']:8.1f} req/s   p50 {res['p50_ms']:.2f} ms"
+          f"  p99 {res['p99_ms']:.2f} ms  (model call only: no queue)")
+    rows = (
+        ("soakd 8 instances, batch 1", 8, 1),
+        ("soakd 1 instance, batch<=8", 1, 8),
+        ("soakd 2 instances, batch<=4", 2, 4),
+    )
+    for label, instances, max_batch in rows:
+        engine, rps = soak("builtin:convnet", dev, shapes, s, load__concurrency=8, batcher__max_batch_size=max_batch,
+                           batcher__max_queue_delay_ms=2, batcher__instances=instances)
+        e2e = engine.stats().stages["e2e"]
+        print(f"   {label:<35} {rps:8.1f} req/s   p50 {e2e.percentile(0.5) * 1e3:.2f} ms"
+              f"  p99 {e2e.percentile(0.99) * 1e3:.2f} ms  (e2e incl. queue)   ratio to seed {rps / res['qps']:.3f}")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,7 @@ class LoadConfig:
 class BatcherConfig:
     max_batch_size: int = 8
     max_queue_delay_ms: float = 2.0
+    instances: int = 1  # model threads taking batches concurrently (CPU hosts may gain from 2+)
     inference_timeout: float | None = _duration(None)  # slower batches count outcome="timeout"
     empty_cache_on_oom: bool = False  # torch.cuda.empty_cache() after an out-of-memory error
 
@@ -386,6 +387,7 @@ def validate(cfg: Config) -> None:
     b = cfg.batcher
     _require(b.max_batch_size >= 1, f"batcher.max_batch_size: must be >= 1, got {b.max_batch_size}")
     _require(b.max_queue_delay_ms >= 0, f"batcher.max_queue_delay_ms: must be >= 0, got {b.max_queue_delay_ms}")
+    _require(b.instances >= 1, f"batcher.instances: must be >= 1, got {b.instances}")
     _require(cfg.input.pool >= 1, f"input.pool: must be >= 1, got {cfg.input.pool}")
     if cfg.input.shapes.replace(" ", "").startswith("seq:"):
         from soakd.workload.seqlen import parse_seq_spec  # local: numpy and torch stay out of config import

@@ -52,6 +52,7 @@ def test_flags_override_file(tmp_path: Path) -> None:
         ("[model]\nspec = 'onnx:x.onnx'\n", {}, "model.spec: cannot parse"),
         ("[model]\ndevice = 'tpu'\n", {}, "model.device: expected auto, cpu or cuda"),
         ("[batcher]\nmax_batch_size = 0\n", {}, "batcher.max_batch_size: must be >= 1"),
+        ("[batcher]\ninstances = 0\n", {}, "batcher.instances: must be >= 1"),
         ("[metrics]\naddr = 'localhost'\n", {}, "metrics.addr: expected HOST:PORT"),
         ("[input]\nshapes = '3by224'\n", {}, "input.shapes: cannot parse"),
         ("load = 3\n", {}, "load: expected a table"),

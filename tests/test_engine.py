@@ -39,6 +39,16 @@ def test_closed_loop_fills_batches() -> None:
     assert stats.stages["e2e"].count == stats.completed["ok"]
 
 
+def test_model_instances_share_the_load() -> None:
+    """Several model instances run batches side by side: a sleeping model's throughput scales with them."""
+    one = run_engine(1.0, spec="builtin:sleep", options={"batch_ms": 20.0}, load__concurrency=8,
+                     batcher__max_batch_size=1)
+    four = run_engine(1.0, spec="builtin:sleep", options={"batch_ms": 20.0}, load__concurrency=8,
+                      batcher__max_batch_size=1, batcher__instances=4)
+    assert four.stats().completed["ok"] > 2.5 * one.stats().completed["ok"]
+    assert four.stats().inflight == 0
+
+
 def test_closed_loop_keeps_exactly_n_in_flight() -> None:
     """Closed loop with N=1 never batches: one request at a time."""
     engine = run_engine(0.5, load__concurrency=1, batcher__max_batch_size=8)

@@ -1,9 +1,9 @@
 """The engine: sends requests (closed or open loop), batches them, runs the model, times each stage.
 
-Threads: one model thread (batcher -> model -> completion; the GPU serialises batches anyway),
-and, in open loop, one arrivals thread. Counters that cross threads are each written by one
-thread only (``_sent`` by the sender, ``_done`` by the model thread), so the hot path takes no
-lock of its own beyond the batcher's. With real samples (``load/stages.py``) a preprocess pool
+Threads: ``batcher.instances`` model threads (batcher -> model -> completion; one by default,
+since a GPU serialises batches anyway), and, in open loop, one arrivals thread. Completion
+bookkeeping (``_done``, and closed-loop resending) takes one short lock per batch; the open-loop
+sender alone writes ``_sent``. With real samples (``load/stages.py``) a preprocess pool
 sits before the batcher and one postprocess thread after the model; that thread then does the
 completing (and, in closed loop, the resending) in the model thread's place.
 """
@@ -78,8 +78,9 @@ class Engine:
         self.batcher = Batcher(cfg.batcher.max_batch_size, cfg.batcher.max_queue_delay_ms / 1e3)
         self.stop_event = threading.Event()  # no new requests
         self._abort = threading.Event()  # model thread: leave now
-        self._sent = 0  # written by the sending thread only
-        self._done = 0  # written by the model thread only
+        self._sent = 0  # written by the sending thread only (closed loop: under _complete_lock)
+        self._done = 0  # written under _complete_lock (model instances, or the postprocess thread)
+        self._complete_lock = threading.Lock()
         self._dropped = 0
         self._batch_counts = np.zeros(cfg.batcher.max_batch_size + 1, dtype=np.int64)
         self._hist = {s: metrics.request_duration.labels(s) for s in ("e2e", "queue", "inference")}
@@ -173,12 +174,18 @@ class Engine:
 
     def start(self) -> None:
         self.started_at = self.last_completion = self.clock()
-        model = threading.Thread(target=self._model_loop, name="soakd-model", daemon=True)
-        self._threads.append(model)
+        # Model instances: each thread takes its own batches (torch releases the GIL while it
+        # computes); on a CPU several instances can beat one big batch, as in Triton's instance groups.
+        for i in range(self.cfg.batcher.instances):
+            self._threads.append(threading.Thread(target=self._model_loop, name=f"soakd-model-{i}", daemon=True))
         if self.open_loop:
             sys.setswitchinterval(_OPEN_LOOP_SWITCH_INTERVAL)
             self._threads.append(threading.Thread(target=self._arrivals_loop, name="soakd-arrivals", daemon=True))
         self._start_request_path()
+        if not self.open_loop:
+            reqs = self._new_requests(self._target)
+            self._sent += len(reqs)
+            self._inlet.put_many(reqs)
         for t in self._threads:
             t.start()
 
@@ -262,11 +269,6 @@ class Engine:
     # ------------------------------------------------------------------ model thread
 
     def _model_loop(self) -> None:
-        if not self.open_loop:
-            assert self.cfg.load.concurrency is not None
-            reqs = self._new_requests(self._target)
-            self._sent += len(reqs)
-            self._inlet.put_many(reqs)
         device, cuda = self.device, self.device.type == "cuda"
         timeout = self.cfg.batcher.inference_timeout
         collate, post = self._collate, self.postprocess
@@ -324,20 +326,22 @@ class Engine:
             self._hist["inference"].observe_many(np.full(n, t_end - t_dispatch))
         if outcome != "bad_input":  # rejected samples never formed a model batch
             self.metrics.batch_size.observe(n)
-            self._batch_counts[n] += 1
         if self.batch_hook is not None:
             self.batch_hook(n, t_dispatch, t_end, outcome)
         self._count(outcome, n)
         self.last_completion = t_end if t_done is None else t_done
         self.last_progress = time.monotonic()
-        if not self.open_loop and not self.stop_event.is_set():
-            # Replace what finished, plus or minus any change of the target (set_concurrency).
-            k = max(0, self._target - (self._sent - self._done - n))
-            if k:
-                reqs = self._new_requests(k)
-                self._sent += k
-                self._inlet.put_many(reqs)
-        self._done += n
+        with self._complete_lock:  # several model instances may complete at once
+            if outcome != "bad_input":
+                self._batch_counts[n] += 1
+            if not self.open_loop and not self.stop_event.is_set():
+                # Replace what finished, plus or minus any change of the target (set_concurrency).
+                k = max(0, self._target - (self._sent - self._done - n))
+                if k:
+                    reqs = self._new_requests(k)
+                    self._sent += k
+                    self._inlet.put_many(reqs)
+            self._done += n
         self.metrics.queue_depth.set(len(self.batcher))
         self.metrics.inflight.set(self._sent - self._done)
 
