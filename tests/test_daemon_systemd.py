@@ -49,7 +49,7 @@ def test_units_pass_systemd_analyze_verify(unit: str, verify_as: str, tmp_path: 
 def test_units_declare_notify_watchdog_restart_and_hardening(unit: str) -> None:
     """Type=notify with a watchdog, restarts on failure but not on config errors, and hardened."""
     lines = {line.strip() for line in (UNITS / unit).read_text().splitlines()}
-    for setting in ("Type=notify", "Restart=on-failure", "RestartPreventExitStatus=2", "NoNewPrivileges=yes",
+    for setting in ("Type=notify", "Restart=on-failure", "RestartPreventExitStatus=1 2", "NoNewPrivileges=yes",
                     "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "DevicePolicy=closed",
                     "DeviceAllow=/dev/nvidiactl rw", "DeviceAllow=/dev/nvidia-uvm rw"):
         assert setting in lines, setting
