@@ -27,6 +27,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _run_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test (and every soakd it starts) runs in its own folder: a default ./soakd-state or
+    summary file lands there, never in the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
