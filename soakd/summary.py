@@ -14,14 +14,15 @@ from soakd.telemetry.histogram import HistSnapshot
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}
 
 
-def _ms(seconds: float) -> float | None:
+def seconds_to_ms(seconds: float) -> float | None:
+    """Milliseconds rounded for JSON; None for NaN (an empty histogram has no percentile)."""
     return None if math.isnan(seconds) else round(seconds * 1e3, 4)
 
 
 def stage_summary(snap: HistSnapshot) -> dict[str, Any]:
-    out: dict[str, Any] = {k: _ms(snap.percentile(q)) for k, q in QUANTILES.items()}
-    out["max"] = _ms(snap.maximum) if snap.count else None
-    out["mean"] = _ms(snap.mean())
+    out: dict[str, Any] = {k: seconds_to_ms(snap.percentile(q)) for k, q in QUANTILES.items()}
+    out["max"] = seconds_to_ms(snap.maximum) if snap.count else None
+    out["mean"] = seconds_to_ms(snap.mean())
     out["count"] = snap.count
     return out
 

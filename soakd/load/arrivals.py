@@ -32,10 +32,3 @@ def gaps(rate: float, arrival: str, burstiness: float = 1.0, seed: int = 0, chun
             raise ValueError(f"load.arrival: unknown arrival process {arrival!r}")
         yield from block.tolist()
 
-
-def schedule(start: float, rate: float, arrival: str, burstiness: float = 1.0, seed: int = 0) -> Iterator[float]:
-    """Absolute intended send times."""
-    t = start
-    for gap in gaps(rate, arrival, burstiness, seed):
-        t += gap
-        yield t

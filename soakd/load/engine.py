@@ -225,8 +225,8 @@ class Engine:
     def _arrivals_loop(self) -> None:
         ld = self.cfg.load
         assert ld.rate is not None
-        # Gaps of a rate-1 process divided by the current rate: the same schedule as
-        # schedule(start, rate, ...) while the rate holds, and set_rate() takes effect at once.
+        # Gaps of a rate-1 process divided by the current rate: intended times stay anchored to the
+        # start (never to when the last request went out), and set_rate() takes effect at once.
         unit = gaps(1.0, ld.arrival, ld.burstiness, ld.seed)
         cap = ld.max_inflight
         next_t = self.started_at + next(unit) / self._rate

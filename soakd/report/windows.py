@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from soakd.summary import seconds_to_ms
 from soakd.telemetry.histogram import HistSnapshot
 
 MAX_ROWS = 720  # a day at 2-minute resolution; a few hundred kB of JSON at most
@@ -26,9 +27,6 @@ class StatsLike(Protocol):
     stages: dict[str, HistSnapshot]
 
 
-def _ms(seconds: float) -> float | None:
-    return None if math.isnan(seconds) else round(seconds * 1e3, 4)
-
 
 def window_row(t: float, seconds: float, outcomes: dict[str, int],
                hists: dict[str, HistSnapshot]) -> dict[str, Any]:
@@ -39,7 +37,7 @@ def window_row(t: float, seconds: float, outcomes: dict[str, int],
         "throughput_rps": round(ok / seconds, 3) if seconds > 0 else 0.0,
         "ok": ok,
         "errors": int(sum(v for k, v in outcomes.items() if k != "ok")),
-        "latency_ms": {s: {k: _ms(h.percentile(q)) for k, q in WINDOW_QUANTILES.items()}
+        "latency_ms": {s: {k: seconds_to_ms(h.percentile(q)) for k, q in WINDOW_QUANTILES.items()}
                        for s, h in hists.items() if h.count},
     }
 
