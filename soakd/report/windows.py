@@ -2,21 +2,30 @@
 
 They go into the summary and report JSON as ``windows: [{t, seconds, throughput_rps, ok,
 errors, latency_ms: {stage: {p50, p90, p99}}}, ...]``: what the report plots over time and
-what ``soakd compare`` resamples to tell a regression from noise. The list stays bounded: past
-``max_rows`` the rows are merged in pairs and later windows span twice as many ticks.
+what ``soakd compare`` resamples to tell a regression from noise.
+
+The rows live in one float array allocated (and touched) up front, not in a list of dicts:
+the recorder runs for the whole soak, and a table that grew by a dict per tick read as
+about 1 MiB/h of creep in the daemon's own RSS. Past ``max_rows`` the rows are merged in
+pairs in place and later windows span twice as many ticks, so the table never grows.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-from soakd.summary import seconds_to_ms
+import numpy as np
+import numpy.typing as npt
+
 from soakd.telemetry.histogram import HistSnapshot
 
 MAX_ROWS = 720  # a day at 2-minute resolution; a few hundred kB of JSON at most
 WINDOW_QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+_T, _SECONDS, _OK, _ERRORS = range(4)  # the fixed columns; then p50/p90/p99 (ms) per stage
+_FIXED = 4
+_NQ = len(WINDOW_QUANTILES)
 
 
 class StatsLike(Protocol):
@@ -27,57 +36,108 @@ class StatsLike(Protocol):
     stages: dict[str, HistSnapshot]
 
 
+class WindowTable:
+    """A bounded table of window rows for a fixed set of stages; NaN where a window has no
+    figure. Merging a pair adds the counts exactly and takes the count-weighted mean of the
+    percentiles (the histograms behind them are gone by then): close enough for a trend and
+    a resample."""
 
-def window_row(t: float, seconds: float, outcomes: dict[str, int],
-               hists: dict[str, HistSnapshot]) -> dict[str, Any]:
-    ok = int(outcomes.get("ok", 0))
-    return {
-        "t": round(t, 3),
-        "seconds": round(seconds, 3),
-        "throughput_rps": round(ok / seconds, 3) if seconds > 0 else 0.0,
-        "ok": ok,
-        "errors": int(sum(v for k, v in outcomes.items() if k != "ok")),
-        "latency_ms": {s: {k: seconds_to_ms(h.percentile(q)) for k, q in WINDOW_QUANTILES.items()}
-                       for s, h in hists.items() if h.count},
-    }
+    def __init__(self, stages: Sequence[str], max_rows: int = MAX_ROWS) -> None:
+        self.stages = tuple(stages)
+        self.max_rows = max(2, max_rows)
+        self._data = np.full((self.max_rows + 1, _FIXED + _NQ * len(self.stages)), np.nan)
+        self._n = 0
+        self.merges = 0  # how many times the rows were merged in pairs
 
+    def __len__(self) -> int:
+        return self._n
 
-def _merge_pair(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """Two adjacent rows as one: counts add exactly; percentiles are count-weighted means
-    (the histograms behind them are gone by now), close enough for a trend and a resample."""
-    seconds = a["seconds"] + b["seconds"]
-    wa, wb = max(a["ok"], 1), max(b["ok"], 1)
-    latency: dict[str, dict[str, float | None]] = {}
-    for stage in {**a["latency_ms"], **b["latency_ms"]}:
-        la, lb = a["latency_ms"].get(stage, {}), b["latency_ms"].get(stage, {})
-        latency[stage] = {}
-        for k in WINDOW_QUANTILES:
-            va, vb = la.get(k), lb.get(k)
-            vals = [(v, w) for v, w in ((va, wa), (vb, wb)) if v is not None]
-            weight = sum(w for _, w in vals)
-            latency[stage][k] = round(sum(v * w for v, w in vals) / weight, 4) if vals else None
-    ok = a["ok"] + b["ok"]
-    return {"t": b["t"], "seconds": round(seconds, 3),
+    def append(self, t: float, seconds: float, outcomes: dict[str, int],
+               hists: dict[str, HistSnapshot]) -> None:
+        row = self._data[self._n]
+        row[:] = np.nan
+        row[_T], row[_SECONDS] = t, seconds
+        row[_OK] = outcomes.get("ok", 0)
+        row[_ERRORS] = sum(v for k, v in outcomes.items() if k != "ok")
+        for i, stage in enumerate(self.stages):
+            h = hists.get(stage)
+            if h is not None and h.count:
+                col = _FIXED + _NQ * i
+                row[col:col + _NQ] = [h.percentile(q) * 1e3 for q in WINDOW_QUANTILES.values()]
+        self._n += 1
+        if self._n > self.max_rows:
+            self._merge_pairs()
+
+    def _merge_pairs(self) -> None:
+        n, d = self._n, self._data
+        pairs = n // 2
+        a, b = d[0:2 * pairs:2], d[1:2 * pairs:2]
+        merged = b.copy()  # t: the later row's end
+        merged[:, _SECONDS] = a[:, _SECONDS] + b[:, _SECONDS]
+        merged[:, _OK] = a[:, _OK] + b[:, _OK]
+        merged[:, _ERRORS] = a[:, _ERRORS] + b[:, _ERRORS]
+        qa, qb = a[:, _FIXED:], b[:, _FIXED:]
+        wa, wb = np.maximum(a[:, _OK:_OK + 1], 1.0), np.maximum(b[:, _OK:_OK + 1], 1.0)
+        has_a, has_b = ~np.isnan(qa), ~np.isnan(qb)
+        weight = wa * has_a + wb * has_b
+        total = np.where(has_a, qa * wa, 0.0) + np.where(has_b, qb * wb, 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            merged[:, _FIXED:] = np.where(weight > 0, total / weight, np.nan)
+        odd = d[n - 1].copy() if n % 2 else None
+        d[:pairs] = merged
+        if odd is not None:
+            d[pairs] = odd
+        self._n = pairs + (1 if odd is not None else 0)
+        d[self._n:] = np.nan
+        self.merges += 1
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The JSON rows, oldest first."""
+        return [self._row(r) for r in self._data[:self._n]]
+
+    def _row(self, r: npt.NDArray[np.float64]) -> dict[str, Any]:
+        seconds, ok = float(r[_SECONDS]), int(r[_OK])
+        latency: dict[str, dict[str, float]] = {}
+        for i, stage in enumerate(self.stages):
+            vals = r[_FIXED + _NQ * i:_FIXED + _NQ * (i + 1)]
+            if not np.isnan(vals).all():
+                latency[stage] = {k: round(float(v), 4) for k, v in zip(WINDOW_QUANTILES, vals, strict=True)}
+        return {
+            "t": round(float(r[_T]), 3),
+            "seconds": round(seconds, 3),
             "throughput_rps": round(ok / seconds, 3) if seconds > 0 else 0.0,
-            "ok": ok, "errors": a["errors"] + b["errors"], "latency_ms": latency}
+            "ok": ok,
+            "errors": int(r[_ERRORS]),
+            "latency_ms": latency,
+        }
 
 
 class WindowRecorder:
-    """Fed the engine's stats at every status tick; emits a row every ``stride`` ticks."""
+    """Fed the engine's stats at every status tick; emits a row every ``stride`` ticks (the
+    stride doubles each time the table merges its rows in pairs)."""
 
     def __init__(self, max_rows: int = MAX_ROWS) -> None:
-        self.max_rows = max(2, max_rows)
-        self.rows: list[dict[str, Any]] = []
-        self.stride = 1
+        self.max_rows = max_rows
+        self.table: WindowTable | None = None
         self._ticks = 0
         self._base: StatsLike | None = None
 
+    @property
+    def stride(self) -> int:
+        return 1 << (self.table.merges if self.table is not None else 0)
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return self.table.rows() if self.table is not None else []
+
     def start(self, stats: StatsLike) -> None:
+        """The engine's stats at the start; its stages are the table's columns."""
         self._base = stats
+        self.table = WindowTable(list(stats.stages), self.max_rows)
 
     def add(self, stats: StatsLike) -> None:
-        if self._base is None:
-            self._base = stats
+        if self._base is None or self.table is None:
+            self.start(stats)
             return
         self._ticks += 1
         if self._ticks < self.stride:
@@ -85,26 +145,36 @@ class WindowRecorder:
         base = self._base
         outcomes = {k: v - base.completed.get(k, 0) for k, v in stats.completed.items()}
         hists = {s: h - base.stages[s] if s in base.stages else h for s, h in stats.stages.items()}
-        self.rows.append(window_row(stats.elapsed, stats.elapsed - base.elapsed, outcomes, hists))
+        self.table.append(stats.elapsed, stats.elapsed - base.elapsed, outcomes, hists)
         self._base, self._ticks = stats, 0
-        if len(self.rows) > self.max_rows:
-            self.rows = [_merge_pair(*self.rows[i:i + 2]) if i + 1 < len(self.rows) else self.rows[i]
-                         for i in range(0, len(self.rows), 2)]
-            self.stride *= 2
 
 
 def rows_from_windows(windows: Iterable[tuple[float, float, dict[str, int], dict[str, HistSnapshot]]],
                       max_rows: int = MAX_ROWS) -> list[dict[str, Any]]:
     """Rows from stored windows ``(t_start, t_end, outcomes, hists)``, oldest first; ``t`` is
-    seconds from the first window's start (wall time: gaps between segments stay visible)."""
-    rows: list[dict[str, Any]] = []
-    origin: float | None = None
-    for t0, t1, outcomes, hists in windows:
-        origin = t0 if origin is None else origin
-        rows.append(window_row(t1 - origin, t1 - t0, outcomes, hists))
-    while len(rows) > max_rows:
-        rows = [_merge_pair(*rows[i:i + 2]) if i + 1 < len(rows) else rows[i] for i in range(0, len(rows), 2)]
-    return rows
+    seconds from the first window's start (wall time: gaps between segments stay visible).
+    Past ``max_rows``, runs of 2, 4, 8... stored windows make one row; their histograms add,
+    so the percentiles stay exact."""
+    stored = list(windows)
+    stages: dict[str, None] = {}  # every stage any window has, in first-seen order
+    for window in stored:
+        stages.update(dict.fromkeys(window[3]))
+    table = WindowTable(list(stages), max_rows)
+    group = 1
+    while math.ceil(len(stored) / group) > table.max_rows:
+        group *= 2
+    origin = stored[0][0] if stored else 0.0
+    for i in range(0, len(stored), group):
+        chunk = stored[i:i + group]
+        outcomes: dict[str, int] = {}
+        hists: dict[str, HistSnapshot] = {}
+        for _, _, counts, hs in chunk:
+            for k, v in counts.items():
+                outcomes[k] = outcomes.get(k, 0) + v
+            for s, h in hs.items():
+                hists[s] = hists[s] + h if s in hists else h
+        table.append(chunk[-1][1] - origin, sum(t1 - t0 for t0, t1, _, _ in chunk), outcomes, hists)
+    return table.rows()
 
 
 def series(rows: list[dict[str, Any]], key: str, stage: str | None = None) -> list[float]:

@@ -1,0 +1,110 @@
+"""The per-window table in the summary and report: bounded, counts conserved across merges,
+percentiles close to the data's, and no memory growth however long the soak runs."""
+
+from __future__ import annotations
+
+import tracemalloc
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from soakd.report.windows import WindowRecorder, rows_from_windows
+from soakd.telemetry.histogram import HistSnapshot, LogHistogram
+
+
+@dataclass
+class Stats:
+    elapsed: float
+    completed: dict[str, int] = field(default_factory=dict)
+    stages: dict[str, HistSnapshot] = field(default_factory=dict)
+
+
+class FakeEngine:
+    """Cumulative stats as the engine keeps them: 100 ok and 1 error per 5 s tick, e2e
+    latencies around ``level`` ms, no queue figures until ``queue_from``."""
+
+    def __init__(self, seed: int = 0, queue_from: int = 0) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.e2e, self.queue = LogHistogram(), LogHistogram()
+        self.tick, self.ok, self.err, self.queue_from = 0, 0, 0, queue_from
+        self.level = 10.0
+
+    def step(self) -> Stats:
+        self.tick += 1
+        values = self.rng.uniform(0.9, 1.1, 100) * self.level / 1e3
+        self.e2e.observe_many(values)
+        if self.tick >= self.queue_from:
+            self.queue.observe_many(values / 10)
+        self.ok, self.err = self.ok + 100, self.err + 1
+        return Stats(self.tick * 5.0, {"ok": self.ok, "error": self.err},
+                     {"e2e": self.e2e.snapshot(), "queue": self.queue.snapshot()})
+
+
+def test_rows_report_each_window_and_stay_bounded_with_counts_conserved() -> None:
+    eng = FakeEngine(queue_from=3)
+    rec = WindowRecorder(max_rows=16)
+    rec.start(Stats(0.0, {}, {"e2e": eng.e2e.snapshot(), "queue": eng.queue.snapshot()}))
+    for _ in range(5):
+        rec.add(eng.step())
+    rows = rec.rows
+    assert [r["t"] for r in rows] == [5.0, 10.0, 15.0, 20.0, 25.0]
+    assert all(r["ok"] == 100 and r["errors"] == 1 and r["throughput_rps"] == 20.0 for r in rows)
+    assert 9.0 <= rows[0]["latency_ms"]["e2e"]["p50"] <= 11.0
+    assert "queue" not in rows[0]["latency_ms"]  # no queue figures in that window: no entry
+    assert rows[2]["latency_ms"]["queue"]["p99"] < 1.2
+
+    for _ in range(200):
+        rec.add(eng.step())
+    rows = rec.rows
+    assert len(rows) <= 16 and rec.stride > 1
+    # Every completed tick is in exactly one row; merged rows span several ticks.
+    covered = sum(r["ok"] for r in rows)
+    assert covered == 100 * (205 - rec._ticks)
+    assert sum(r["errors"] for r in rows) == covered // 100
+    assert abs(sum(r["seconds"] for r in rows) - rows[-1]["t"]) < 1e-6
+    assert all(9.0 <= r["latency_ms"]["e2e"]["p50"] <= 11.0 for r in rows)
+
+
+def test_merged_rows_follow_a_latency_change() -> None:
+    eng = FakeEngine()
+    rec = WindowRecorder(max_rows=8)
+    rec.start(Stats(0.0, {}, {"e2e": eng.e2e.snapshot(), "queue": eng.queue.snapshot()}))
+    for i in range(64):
+        eng.level = 10.0 if i < 32 else 40.0
+        rec.add(eng.step())
+    p50 = [r["latency_ms"]["e2e"]["p50"] for r in rec.rows]
+    assert p50[0] < 12 and p50[-1] > 36  # the step survives the merges
+
+
+def test_the_recorder_does_not_grow_over_a_long_soak() -> None:
+    """A week of 5 s ticks must not grow the daemon: the table is allocated once."""
+    eng = FakeEngine()
+    rec = WindowRecorder()
+    rec.start(Stats(0.0, {}, {"e2e": eng.e2e.snapshot(), "queue": eng.queue.snapshot()}))
+    tracemalloc.start()  # before the first tick: what the table keeps is then all traced
+    try:
+        for _ in range(60):
+            rec.add(eng.step())
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(4000):
+            rec.add(eng.step())
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 4096, f"the recorder grew {grown} bytes over 4000 ticks"
+    assert len(rec.rows) <= 720
+
+
+def test_rows_from_stored_windows_group_runs_of_windows_exactly() -> None:
+    rng = np.random.default_rng(1)
+    windows = []
+    for i in range(100):
+        h = LogHistogram()
+        h.observe_many(rng.uniform(0.009, 0.011, 50) if i < 50 else rng.uniform(0.036, 0.044, 50))
+        windows.append((1000.0 + 60 * i, 1060.0 + 60 * i, {"ok": 50, "timeout": 1}, {"e2e": h.snapshot()}))
+    rows = rows_from_windows(windows, max_rows=30)
+    assert len(rows) == 25  # groups of 4 stored windows
+    assert sum(r["ok"] for r in rows) == 5000 and sum(r["errors"] for r in rows) == 100
+    assert rows[0]["seconds"] == 240.0 and rows[-1]["t"] == 6000.0
+    assert rows[0]["latency_ms"]["e2e"]["p50"] < 11.5 and rows[-1]["latency_ms"]["e2e"]["p50"] > 35
+    assert rows_from_windows([]) == []
