@@ -55,3 +55,31 @@ def test_units_declare_notify_watchdog_restart_and_hardening(unit: str) -> None:
         assert setting in lines, setting
     keys = {line.split("=", 1)[0] for line in lines if "=" in line and not line.startswith("#")}
     assert {"WatchdogSec", "TimeoutStartSec", "StateDirectory", "CacheDirectory", "EnvironmentFile"} <= keys
+
+
+def _exec_start_args(unit: str, instance: str, env: dict[str, str]) -> list[str]:
+    """ExecStart's arguments after the binary, as systemd would pass them: %i expanded and
+    ``$VAR`` words split from the environment files (unset ones vanish)."""
+    line = next(ln for ln in (UNITS / unit).read_text().splitlines() if ln.startswith("ExecStart="))
+    words = line.split("=", 1)[1].replace("%i", instance).split()[1:]
+    out: list[str] = []
+    for w in words:
+        out.extend(env.get(w[1:], "").split() if w.startswith("$") else [w])
+    return out
+
+
+def test_template_instances_get_their_own_metrics_port() -> None:
+    """soakd@0 and soakd@1 side by side must not both ask for one port (the second would exit 2);
+    a port set in the instance's env file wins over the template's."""
+    from soakd.cli import _overrides, build_parser
+    from soakd.config import load_config
+
+    def addr(instance: str, env: dict[str, str]) -> str:
+        args = _exec_start_args("soakd@.service", instance, env)
+        i = args.index("--config")
+        del args[i:i + 2]  # /etc/soakd/soakd.toml is not on this machine
+        return load_config(None, _overrides(build_parser().parse_args(args))).metrics.addr
+
+    addrs = [addr(str(n), {}) for n in range(8)]
+    assert addrs[0] == "127.0.0.1:9470" and len(set(addrs)) == 8
+    assert addr("1", {"SOAKD_INSTANCE_OPTS": "--metrics-addr 0.0.0.0:9571"}) == "0.0.0.0:9571"
