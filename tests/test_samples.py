@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import logging
 import os
 import subprocess
 import time
@@ -20,7 +21,7 @@ from soakd.config import load_config
 from soakd.load.engine import Engine
 from soakd.telemetry.catalogue import Metrics
 from soakd.workload.preprocess import BadInput, Preprocessor, TextLine, decode_image
-from soakd.workload.samples import SampleSource
+from soakd.workload.samples import BadSampleLog, SampleSource
 from soakd.workload.sources import build_source
 from tests.conftest import metric_value, soakd_cmd, wait_for
 
@@ -217,3 +218,16 @@ def test_text_lines_replay_as_padded_token_batches(tmp_path: Path) -> None:
     assert stats.stages["preprocess"].count == stats.completed["ok"]
     assert engine.batch_size_summary()["mean"] > 1
     assert {s[1] for s in shapes} <= set(range(1, 12)) and engine.shapes_seen > 1
+
+
+def test_bad_samples_are_named_once_and_the_names_kept_are_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    """Each bad file is named once however often it comes round (and across a sweep's steps,
+    which share the source's log); past the limit one line says the rest go unnamed."""
+    bad = BadSampleLog(limit=3)
+    with caplog.at_level(logging.WARNING, logger="soakd.samples"):
+        for _ in range(5):  # five passes over a folder of ten broken files
+            for i in range(10):
+                bad(f"/samples/{i}.jpg", ValueError("truncated"))
+    lines = [r.getMessage() for r in caplog.records]
+    assert [m.split(":")[0] for m in lines[:3]] == [f"bad sample /samples/{i}.jpg" for i in range(3)]
+    assert len(lines) == 4 and lines[3].startswith("more than 3 bad samples")

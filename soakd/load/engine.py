@@ -119,6 +119,7 @@ class Engine:
             self.preprocess_pool = PreprocessPool(
                 inp.preprocess_workers, self.source.preprocess, self.batcher,  # type: ignore[attr-defined]
                 self._hist["preprocess"], self.metrics.preprocess_busy, self.clock,
+                bad_log=getattr(self.source, "bad_log", None),  # the source's: named once per run
             )
             self._inlet = self.preprocess_pool
         post = inp.postprocess

@@ -13,7 +13,6 @@ counter single-writer.
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 import time
@@ -26,9 +25,7 @@ import torch
 from soakd.load.batcher import Batcher
 from soakd.load.request import Request
 from soakd.telemetry.histogram import LogHistogram
-from soakd.workload.preprocess import TextLine
-
-log = logging.getLogger("soakd.stages")
+from soakd.workload.samples import BadSampleLog
 
 # Batch key of requests whose sample could not be preprocessed: they still travel through the
 # batcher so that the model thread completes them (and, in closed loop, replaces them).
@@ -60,6 +57,7 @@ class PreprocessPool:
         hist: LogHistogram,
         busy_gauge: Any,
         clock: Callable[[], float] = time.perf_counter,
+        bad_log: Callable[[Any, Exception], None] | None = None,
     ) -> None:
         self.workers = workers
         self._preprocess = preprocess
@@ -72,7 +70,7 @@ class PreprocessPool:
         # is written by its own worker only.
         self._busy = [0.0] * workers
         self._since = [0.0] * workers
-        self._bad_logged: set[str] = set()
+        self._log_bad = bad_log or BadSampleLog()
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._work, args=(i,), name=f"soakd-preprocess-{i}", daemon=True)
@@ -128,12 +126,6 @@ class PreprocessPool:
             if req.key is not BAD_INPUT_KEY:
                 hist.observe(req.pre_s)
             batcher.put(req)
-
-    def _log_bad(self, item: Any, exc: Exception) -> None:
-        name = item.path if isinstance(item, TextLine) else str(item)
-        if name not in self._bad_logged:
-            self._bad_logged.add(name)
-            log.warning("bad sample %s: %s (counted as bad_input; logged once per file)", name, exc)
 
     def _monitor(self) -> None:
         prev_t, prev_busy = self._clock(), self.busy_seconds()

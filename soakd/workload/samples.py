@@ -53,6 +53,31 @@ def walk_samples(root: str) -> Iterator[str]:
         stack.extend(reversed(subdirs))
 
 
+MAX_BAD_NAMED = 1000  # distinct bad samples named in the log; past this, one line says so
+
+
+class BadSampleLog:
+    """Names each bad sample once in the log. The source keeps it, so a sweep's steps (a new
+    engine each) do not repeat the names; bounded, so a folder of a million broken files
+    cannot grow the daemon."""
+
+    def __init__(self, limit: int = MAX_BAD_NAMED) -> None:
+        self.limit = limit
+        self._named: set[str] = set()
+        self._capped = False
+
+    def __call__(self, item: Any, exc: Exception) -> None:
+        name = item.path if isinstance(item, TextLine) else str(item)
+        if name in self._named:
+            return
+        if len(self._named) < self.limit:
+            self._named.add(name)
+            log.warning("bad sample %s: %s (counted as bad_input; logged once per file)", name, exc)
+        elif not self._capped:
+            self._capped = True
+            log.warning("more than %d bad samples: the others are counted as bad_input, not named", self.limit)
+
+
 class SampleSource:
     """Hands out raw samples (paths, text lines) for the engine's preprocess pool."""
 
@@ -61,6 +86,7 @@ class SampleSource:
     def __init__(self, root: str, preprocess: Preprocessor) -> None:
         self.root = root
         self.preprocess = preprocess
+        self.bad_log = BadSampleLog()
         self._items = self._cycle()
         self.passes = 0
 
