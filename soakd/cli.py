@@ -7,6 +7,7 @@ Exit codes: 0 success / SLO met, 1 SLO missed or regression found, 2 usage or co
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import sys
 from collections.abc import Sequence
@@ -171,12 +172,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"soakd: config error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except OSError as exc:
-        if exc.errno == 98:  # EADDRINUSE
+    except Exception as exc:
+        if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
             print(f"soakd: error: cannot listen: {exc.strerror} (metrics.addr / --metrics-addr)", file=sys.stderr)
             return EXIT_USAGE
-        logging.getLogger("soakd").exception("soakd crashed")
-        return EXIT_CRASH
-    except Exception:
         logging.getLogger("soakd").exception("soakd crashed")
         return EXIT_CRASH

@@ -19,11 +19,12 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from soakd.summary import seconds_to_ms
 from soakd.telemetry.histogram import HistSnapshot
 
 MAX_ROWS = 720  # a day at 2-minute resolution; a few hundred kB of JSON at most
 WINDOW_QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
-_T, _SECONDS, _OK, _ERRORS = range(4)  # the fixed columns; then p50/p90/p99 (ms) per stage
+_T, _SECONDS, _OK, _ERRORS = range(4)  # the fixed columns; then p50/p90/p99 (seconds) per stage
 _FIXED = 4
 _NQ = len(WINDOW_QUANTILES)
 
@@ -49,9 +50,6 @@ class WindowTable:
         self._n = 0
         self.merges = 0  # how many times the rows were merged in pairs
 
-    def __len__(self) -> int:
-        return self._n
-
     def append(self, t: float, seconds: float, outcomes: dict[str, int],
                hists: dict[str, HistSnapshot]) -> None:
         row = self._data[self._n]
@@ -63,7 +61,7 @@ class WindowTable:
             h = hists.get(stage)
             if h is not None and h.count:
                 col = _FIXED + _NQ * i
-                row[col:col + _NQ] = [h.percentile(q) * 1e3 for q in WINDOW_QUANTILES.values()]
+                row[col:col + _NQ] = [h.percentile(q) for q in WINDOW_QUANTILES.values()]
         self._n += 1
         if self._n > self.max_rows:
             self._merge_pairs()
@@ -87,8 +85,7 @@ class WindowTable:
         d[:pairs] = merged
         if odd is not None:
             d[pairs] = odd
-        self._n = pairs + (1 if odd is not None else 0)
-        d[self._n:] = np.nan
+        self._n = pairs + (1 if odd is not None else 0)  # append() clears a row before reuse
         self.merges += 1
 
     def rows(self) -> list[dict[str, Any]]:
@@ -97,11 +94,11 @@ class WindowTable:
 
     def _row(self, r: npt.NDArray[np.float64]) -> dict[str, Any]:
         seconds, ok = float(r[_SECONDS]), int(r[_OK])
-        latency: dict[str, dict[str, float]] = {}
+        latency: dict[str, dict[str, float | None]] = {}
         for i, stage in enumerate(self.stages):
             vals = r[_FIXED + _NQ * i:_FIXED + _NQ * (i + 1)]
             if not np.isnan(vals).all():
-                latency[stage] = {k: round(float(v), 4) for k, v in zip(WINDOW_QUANTILES, vals, strict=True)}
+                latency[stage] = {k: seconds_to_ms(float(v)) for k, v in zip(WINDOW_QUANTILES, vals, strict=True)}
         return {
             "t": round(float(r[_T]), 3),
             "seconds": round(seconds, 3),
