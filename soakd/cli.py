@@ -1,7 +1,6 @@
 """Command line: argument parsing only; each subcommand calls one function elsewhere.
 
-Exit codes: 0 success / SLO met, 1 SLO missed or regression found, 2 usage or config error,
-3 soakd itself crashed.
+Exit codes: the table in :mod:`soakd.errors`.
 """
 
 from __future__ import annotations
@@ -13,9 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-# An unexpected exception: distinct from 1 so that systemd restarts a crash but not a missed SLO.
-EXIT_CRASH = 3
+from soakd.errors import ConfigError, Exit, SoakdError
 
 # `soakd run` flag -> config key path. Flags override the config file.
 RUN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -48,7 +45,7 @@ RUN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse exits 2 on usage errors too; keep its message
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"soakd: error: {message}\n")
+        self.exit(Exit.USAGE, f"soakd: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,13 +134,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     _setup_logging(ns.verbose)
     command = ns.command
 
-    from soakd.config import ConfigError, load_config
+    from soakd.config import load_config
 
     try:
         if command == "check-config":
             cfg = load_config(ns.file)
             print(f"{ns.file}: ok")
-            return EXIT_OK
+            return Exit.OK
         if command == "analyze":
             from soakd.analysis.offline import analyze_command
 
@@ -161,20 +158,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             from soakd.analysis.sweep import sweep_command
 
             return sweep_command(cfg, ns)
-        from soakd.models.loader import ModelLoadError
         from soakd.runner import run
 
-        try:
-            return run(cfg)
-        except ModelLoadError as exc:
-            print(f"soakd: error: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-    except ConfigError as exc:
-        print(f"soakd: config error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return run(cfg)
+    except SoakdError as exc:
+        kind = "config error" if isinstance(exc, ConfigError) else "error"
+        print(f"soakd: {kind}: {exc}", file=sys.stderr)
+        return Exit.USAGE
     except Exception as exc:
         if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
             print(f"soakd: error: cannot listen: {exc.strerror} (metrics.addr / --metrics-addr)", file=sys.stderr)
-            return EXIT_USAGE
+            return Exit.USAGE
         logging.getLogger("soakd").exception("soakd crashed")
-        return EXIT_CRASH
+        return Exit.CRASH

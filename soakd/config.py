@@ -23,8 +23,9 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 
-class ConfigError(ValueError):
-    """Invalid configuration; the message names the key path or file."""
+from soakd.errors import ConfigError
+
+__all__ = ["ConfigError"]  # re-exported: most callers meet it here, beside load_config
 
 
 _DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|us|µs|s|m|h|d)?", re.IGNORECASE)

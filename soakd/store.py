@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from soakd.config import ConfigError
+from soakd.errors import StateError
 from soakd.telemetry.histogram import HistSnapshot
 
 log = logging.getLogger("soakd.store")
@@ -65,11 +65,6 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_run ON events (run_id, t);
 """
 
-
-class StateError(ConfigError):
-    """The state dir cannot be used at all (not creatable, not writable); the message says why.
-
-    A config error (exit 2): a restart would not help, so systemd must not loop on it."""
 
 
 @dataclass

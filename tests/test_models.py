@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from soakd.config import ConfigError
-from soakd.models.loader import ModelLoadError, load_model
+from soakd.errors import ModelLoadError
+from soakd.models.loader import load_model
 from tests.conftest import soakd_cmd
 
 

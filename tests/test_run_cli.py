@@ -109,10 +109,11 @@ def test_an_unexpected_failure_exits_3_with_its_traceback(monkeypatch: pytest.Mo
                                                            caplog: pytest.LogCaptureFixture) -> None:
     """A bug in soakd itself exits 3, not 1 (SLO missed) or 2 (config): systemd restarts only it."""
     from soakd import cli, runner
+    from soakd.errors import Exit
 
     def broken(cfg: object) -> int:
         raise RuntimeError("sampler state corrupted")
 
     monkeypatch.setattr(runner, "run", broken)
-    assert cli.main(["run", "--model", "builtin:noop", "--duration", "1s"]) == cli.EXIT_CRASH == 3
+    assert cli.main(["run", "--model", "builtin:noop", "--duration", "1s"]) == Exit.CRASH == 3
     assert "soakd crashed" in caplog.text and "RuntimeError: sampler state corrupted" in caplog.text

@@ -18,10 +18,10 @@ from typing import Any, TextIO
 import numpy as np
 
 from soakd.analysis.detector import DetectorParams, Replay, floor_for, replay
+from soakd.errors import Exit
 from soakd.telemetry.catalogue import LEAK_SERIES
 
 HEADER = ("timestamp_seconds", "bytes")
-EXIT_OK, EXIT_USAGE = 0, 2
 
 
 class TraceError(ValueError):
@@ -146,4 +146,4 @@ def analyze_command(ns: argparse.Namespace, out: TextIO | None = None, err: Text
             print(json.dumps(result), file=out)
         else:
             print(_table_row(result, width), file=out)
-    return EXIT_USAGE if failed else EXIT_OK
+    return Exit.USAGE if failed else Exit.OK

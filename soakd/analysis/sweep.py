@@ -383,8 +383,9 @@ def _describe(s: dict[str, Any], mode: str) -> str:
 
 
 def sweep_command(cfg: Config, ns: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    from soakd.errors import ModelLoadError
     from soakd.fingerprint import fingerprint
-    from soakd.models.loader import ModelLoadError, load_model
+    from soakd.models.loader import load_model
     from soakd.runner import new_run_id, warm_up
     from soakd.workload.sources import build_source
 

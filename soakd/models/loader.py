@@ -17,14 +17,13 @@ import torch
 from torch import nn
 
 from soakd.config import ConfigError
+from soakd.errors import ModelLoadError
 from soakd.models.builtin import BUILTINS
 from soakd.models.spec import BUILTIN_DEFAULT_SHAPES, ModelSpec, parse_model_spec
 
 BatchFn = Callable[[torch.Tensor], Any]
 
 
-class ModelLoadError(RuntimeError):
-    """The model could not be loaded; the message names the spec or file."""
 
 
 @dataclass

@@ -6,9 +6,8 @@ import argparse
 import json
 import sys
 
+from soakd.errors import Exit
 from soakd.report.data import RunNotFound, load_run_report
-
-EXIT_OK, EXIT_SLO_MISSED, EXIT_USAGE = 0, 1, 2
 
 
 def report_command(ns: argparse.Namespace) -> int:
@@ -18,7 +17,7 @@ def report_command(ns: argparse.Namespace) -> int:
         report = load_run_report(ns.state_dir, ns.run_id)
     except RunNotFound as exc:
         print(f"soakd: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return Exit.USAGE
     text = json.dumps(report, indent=2, allow_nan=False, default=str) + "\n"
     if ns.output:
         from soakd.summary import write_json_atomic
@@ -26,7 +25,7 @@ def report_command(ns: argparse.Namespace) -> int:
         write_json_atomic(ns.output, report)
     else:
         sys.stdout.write(text)
-    return EXIT_OK
+    return Exit.OK
 
 
 def _full_report(ns: argparse.Namespace) -> int:
@@ -41,7 +40,7 @@ def _full_report(ns: argparse.Namespace) -> int:
         doc = build_report(ns.state_dir, ns.run_id, slo=slo)
     except RunNotFound as exc:
         print(f"soakd: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return Exit.USAGE
     if ns.format == "html":
         from soakd.report.html import render_html
 
@@ -60,5 +59,5 @@ def _full_report(ns: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     if ns.config and not doc.data["slo"]["passed"]:
-        return EXIT_SLO_MISSED
-    return EXIT_OK
+        return Exit.FAIL
+    return Exit.OK

@@ -22,10 +22,10 @@ import numpy.typing as npt
 from scipy.stats import norm
 
 from soakd.config import CompareConfig, load_config
+from soakd.errors import Exit
 from soakd.report.slo import error_ratio
 from soakd.report.windows import series
 
-EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
 MIN_WINDOWS = 3  # fewer per side: no interval, threshold only
 # Fingerprint keys a result is bound to: a difference means the runs are not like for like.
 FINGERPRINT_KEYS = ("model", "model_sha256", "input", "device_name", "torch_version", "cuda_version",
@@ -250,7 +250,7 @@ def compare_command(ns: argparse.Namespace, out: TextIO = sys.stdout) -> int:
             docs.append(load_result(path))
         except (OSError, ValueError) as exc:
             print(f"soakd: error: {path}: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+            return Exit.USAGE
     cmp = Comparison(docs[0], docs[1], cfg).run()
     print_comparison(cmp, ns.a, ns.b, out)
-    return EXIT_REGRESSION if cmp.regressions else EXIT_OK
+    return Exit.FAIL if cmp.regressions else Exit.OK

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 
 from soakd.config import Config
+from soakd.errors import Exit
 from soakd.report.memory import memory_block
 from soakd.report.slo import print_verdict, slo_block
 from soakd.summary import write_json_atomic
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("soakd.report")
 
-EXIT_OK, EXIT_SLO_MISSED = 0, 1
 
 
 def batch_buckets(metrics: Metrics) -> list[dict[str, Any]]:
@@ -91,4 +91,4 @@ def conclude(summary: dict[str, Any], *, state_dir: str | Path | None, run_id: s
             print(f"report: {path}", file=out, flush=True)
         except Exception:  # the soak's verdict stands even if its report cannot be drawn
             log.exception("cannot write the run's report")
-    return EXIT_OK if summary["slo"]["passed"] else EXIT_SLO_MISSED
+    return Exit.OK if summary["slo"]["passed"] else Exit.FAIL
