@@ -11,6 +11,7 @@ and :mod:`soakd.specs` (the pure parsers of the strings a config holds).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import math
@@ -300,10 +301,8 @@ def _coerce(value: Any, tp: Any, path: str, meta: typing.Mapping[str, Any]) -> A
             raise ConfigError(f"{path}: expected an integer, got {value!r}")
         number: int | None = value if isinstance(value, int) else None
         if isinstance(value, str):
-            try:
+            with contextlib.suppress(ValueError):
                 number = int(value)
-            except ValueError:
-                pass
         if number is None:
             raise ConfigError(f"{path}: expected an integer, got {value!r}")
         if not -MAX_INT <= number <= MAX_INT:  # the database and numpy hold 64-bit integers
@@ -314,10 +313,8 @@ def _coerce(value: Any, tp: Any, path: str, meta: typing.Mapping[str, Any]) -> A
             raise ConfigError(f"{path}: expected a number, got {value!r}")
         real: float | None = float(value) if isinstance(value, (int, float)) else None
         if isinstance(value, str):
-            try:
+            with contextlib.suppress(ValueError):
                 real = float(value)
-            except ValueError:
-                pass
         if real is None:
             raise ConfigError(f"{path}: expected a number, got {value!r}")
         if not math.isfinite(real):  # no setting means anything at inf or nan; reports cannot hold them

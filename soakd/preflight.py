@@ -45,15 +45,16 @@ def check_listen_addr(addr: str, key: str = "metrics.addr") -> list[str]:
     except socket.gaierror as exc:
         raise ConfigError(f"{key}: {addr!r}: cannot resolve host {host!r}: {exc.strerror}") from None
     family, _, _, _, sockaddr = infos[0]
+    ip_text = str(sockaddr[0])
     probe = socket.socket(family, socket.SOCK_STREAM)
     try:
-        probe.bind((sockaddr[0], 0, *sockaddr[2:]))
+        probe.bind((ip_text, 0, *sockaddr[2:]))
     except OSError as exc:
         why = "not an address of this host" if exc.errno == errno.EADDRNOTAVAIL else exc.strerror
-        raise ConfigError(f"{key}: {addr!r}: cannot listen on {sockaddr[0]}: {why}") from None
+        raise ConfigError(f"{key}: {addr!r}: cannot listen on {ip_text}: {why}") from None
     finally:
         probe.close()
-    ip = ipaddress.ip_address(sockaddr[0].split("%", 1)[0])
+    ip = ipaddress.ip_address(ip_text.split("%", 1)[0])
     if ip.is_loopback:
         return []
     return [f"{key} {addr}: /metrics, /healthz and /status are reachable from other hosts "

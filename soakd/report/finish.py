@@ -12,6 +12,7 @@ import numpy as np
 
 from soakd.config import Config
 from soakd.errors import Exit
+from soakd.files import write_private
 from soakd.report.memory import memory_block
 from soakd.report.slo import print_verdict, slo_block
 from soakd.summary import write_json_atomic
@@ -75,11 +76,7 @@ def write_run_report(state_dir: str | Path, run_id: str, summary: dict[str, Any]
     write_json_atomic(folder / SUMMARY_NAME, summary)
     doc = build_report(state_dir, run_id, summary=summary)
     doc.data["slo"] = summary["slo"]  # the verdict this run printed and exits with
-    path = folder / REPORT_NAME
-    tmp = path.with_suffix(".html.tmp")
-    tmp.write_text(render_html(doc), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_private(folder / REPORT_NAME, render_html(doc))  # 0600, like the summary
 
 
 def conclude(summary: dict[str, Any], *, state_dir: str | Path | None, run_id: str, out: TextIO) -> int:
