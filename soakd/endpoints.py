@@ -51,7 +51,7 @@ class _Server6(_Server):
 
 class EndpointServer:
     def __init__(self, addr: str, registry: CollectorRegistry, health: HealthFn | None = None,
-                 status: StatusFn | None = None) -> None:
+                 status: StatusFn | None = None, *, idle_timeout: float = IDLE_TIMEOUT) -> None:
         host, port = parse_host_port(addr)
         self.registry = registry
         self.health: HealthFn = health or (lambda: (True, "ok"))
@@ -59,7 +59,7 @@ class EndpointServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            timeout = IDLE_TIMEOUT  # socketserver sets it on the connection: idle clients are closed
+            timeout = idle_timeout  # socketserver sets it on the connection: idle clients are closed
 
             def do_GET(self) -> None:  # http.server's naming
                 path = self.path.split("?", 1)[0]
