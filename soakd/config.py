@@ -666,7 +666,7 @@ def validate(cfg: Config) -> None:
     ph = cfg.phases
     _require(0.0 < ph.ramp_from <= 1.0, f"phases.ramp_from: must be within (0, 1], got {ph.ramp_from}")
     _require(ph.probe_factor > 0, f"phases.probe_factor: must be > 0, got {ph.probe_factor}")
-    if ld.rate is not None:
+    if ld.rate is not None and ph.probe_schedule:
         _require(ld.rate * ph.probe_factor <= MAX_RATE,
                  f"phases.probe_factor: {ph.probe_factor:g} x load.rate {ld.rate:g} is over the bound of "
                  f"{MAX_RATE:g} requests/s (load.rate's)")
