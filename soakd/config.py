@@ -435,6 +435,7 @@ RING_SAMPLE_BYTES = 16  # one (unix time, value) pair of float64
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 TOKEN_BYTES = 8  # token ids are int64
 MIN_TIMER = 0.001  # seconds: finer timers than this are below what a thread's wake-up can keep
+MIN_FLUSH_INTERVAL = 0.1  # seconds: each state flush is one SQLite transaction
 MIN_MEMORY_INTERVAL = 0.1  # seconds: one round of every memory collector takes milliseconds
 MAX_RESAMPLES = 1_000_000  # bootstrap resamples: past 10^6 a 95% interval's third digit holds still
 MODEL_THREADS_PER_CPU = 4  # model threads beyond this per core only queue for the cores and the GIL
@@ -532,6 +533,11 @@ def _check_memory(cfg: Config) -> None:
         parts.append(("batcher.max_batch_size", b.max_batch_size, b.instances * b.max_batch_size * one,
                       f"batches of {b.max_batch_size} on {b.instances} model thread(s)"))
     parts.append((inflight_key, inflight, inflight * REQUEST_BYTES, f"{inflight} requests in flight"))
+    if inp.samples is not None:  # each preprocess worker may hold one whole sample (bytes, then decoded)
+        parts.append(("input.max_sample_bytes", inp.max_sample_bytes,
+                      2 * inp.preprocess_workers * inp.max_sample_bytes,
+                      f"{inp.preprocess_workers} preprocess workers reading samples of up to "
+                      f"{format_bytes(inp.max_sample_bytes)}"))
     ring = cfg.memory.ring_size
     parts.append(("memory.ring_size", ring, ring * RING_SAMPLE_BYTES * RING_SERIES,
                   f"{RING_SERIES} memory rings of {ring} samples"))
@@ -679,6 +685,9 @@ def validate(cfg: Config) -> None:
     _require(cfg.state.window >= cfg.state.flush_interval,
              f"state.window: must be >= state.flush_interval ({cfg.state.flush_interval}s), "
              f"got {cfg.state.window}s")
+    _require(cfg.state.flush_interval >= MIN_FLUSH_INTERVAL,
+             f"state.flush_interval: must be >= {MIN_FLUSH_INTERVAL:g}s (each flush is one SQLite transaction), "
+             f"got {cfg.state.flush_interval:g}s")
     if cfg.state.run_id is not None:
         check_run_id(cfg.state.run_id)
     for key, value in (("output.log_file", cfg.output.log_file), ("output.summary_json", cfg.output.summary_json)):

@@ -120,6 +120,7 @@ def parse_shape_mix(spec: str) -> list[tuple[Shape, float]]:
 # --------------------------------------------------------------------------- sequence lengths
 
 SEQ_PREFIX = "seq:"
+MAX_VOCAB = 2**62  # token ids are int64; torch.randint's bound must fit one
 _SEQ_RE = re.compile(r"^seq:(fixed|uniform|lognormal)\(([^)]*)\)$")
 _SEQ_PARAMS = {
     "fixed": ({"n"}, set()),
@@ -167,6 +168,9 @@ def parse_seq_spec(spec: str) -> SeqLenSpec:
         raise ValueError(f"input.shapes: {dist}: {what} parameter(s) in {spec!r}")
     if any(not math.isfinite(v) or v <= 0 for v in (*params.values(), vocab_f)) or vocab_f < 2:
         raise ValueError(f"input.shapes: parameters must be finite positive numbers in {spec!r}")
+    if vocab_f > MAX_VOCAB:
+        raise ValueError(f"input.shapes: vocab={vocab_f:g} is over the bound of {MAX_VOCAB} (token ids are int64) "
+                         f"in {spec!r}")
     vocab = int(vocab_f)
     if dist == "fixed":
         low = high = int(params["n"])

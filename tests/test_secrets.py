@@ -3,8 +3,11 @@ authorization) are redacted in every output a run leaves, which are written 0600
 
 from __future__ import annotations
 
+import http.server
 import json
+import os
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -114,3 +117,41 @@ def test_redaction_reaches_into_lists_and_leaves_none_alone() -> None:
     data = {"hubs": [{"token": "t"}, {"name": "n"}], "password": None}
     assert redact_secrets(data) == {"hubs": [{"token": REDACTED}, {"name": "n"}], "password": None}
     assert data["hubs"][0]["token"] == "t"
+
+
+def test_otlp_header_secrets_appear_nowhere(tmp_path: Path) -> None:
+    """What held: a bearer token in OTEL_EXPORTER_OTLP_HEADERS reaches the collector and no output."""
+    seen: list[str] = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # http.server's naming
+            seen.append(self.headers.get("Authorization", ""))
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    collector = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{collector.server_address[1]}",
+           "OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Bearer%20SEKRET-otlp-5", "OTEL_EXPORTER_OTLP_PROTOCOL":
+           "http/protobuf"}
+    cfg = tmp_path / "soak.toml"
+    cfg.write_text('[otel]\nexport_interval = "500ms"\n')
+    try:
+        proc = subprocess.run(
+            soakd_cmd("run", "--config", str(cfg), "--model", "builtin:noop", "--warmup", "1", "--duration", "2s",
+                      "--state-dir", str(tmp_path / "state"), "--run-id", "r1",
+                      "--summary-json", str(tmp_path / "summary.json"), "--metrics-addr", "127.0.0.1:0"),
+            capture_output=True, text=True, timeout=120, env=env)
+    finally:
+        collector.shutdown()
+    assert proc.returncode == 0, proc.stderr
+    assert "Bearer SEKRET-otlp-5" in seen  # the token did its job
+    leaked = [p.name for p in [tmp_path / "summary.json", *(tmp_path / "state").rglob("*")]
+              if p.is_file() and b"SEKRET" in p.read_bytes()]
+    assert leaked == [] and "SEKRET" not in proc.stdout + proc.stderr

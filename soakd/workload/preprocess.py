@@ -155,6 +155,8 @@ class Preprocessor:
             body = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
             raise BadInput(f"not valid JSON: {exc}") from None
+        except RecursionError:
+            raise BadInput("not valid JSON: nested too deeply") from None
         if not isinstance(body, dict):
             raise BadInput("JSON body is not an object")
         if isinstance(body.get("image"), str):
@@ -169,8 +171,8 @@ class Preprocessor:
         if "array" in body:
             try:
                 arr = np.asarray(body["array"], dtype=np.float32)
-            except (ValueError, TypeError) as exc:
-                raise BadInput(f"array is not a numeric nd-array: {exc}") from None
+            except (ValueError, TypeError, RecursionError) as exc:
+                raise BadInput(f"array is not a numeric nd-array: {type(exc).__name__}: {exc}") from None
             if arr.size == 0:
                 raise BadInput("array is empty")
             return tuple(arr.shape), torch.from_numpy(arr).to(self.dtype)
