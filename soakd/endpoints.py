@@ -93,8 +93,12 @@ class EndpointServer:
             def log_message(self, format: str, *args: Any) -> None:  # scrapes every 15 s are not news
                 pass
 
-        server_cls = _Server6 if ":" in host else _Server
-        self._httpd = server_cls((host, port), Handler)
+        # Bind what the name resolves to first (preflight checked it is this host's), so a name
+        # with only an IPv6 address listens on IPv6.
+        family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                       flags=socket.AI_PASSIVE)[0]
+        server_cls = _Server6 if family == socket.AF_INET6 else _Server
+        self._httpd = server_cls((str(sockaddr[0]), port), Handler)
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="soakd-http", daemon=True)
 
     @property

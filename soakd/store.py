@@ -9,10 +9,11 @@ open window is upserted at each commit, so a ``kill -9`` loses at most one inter
 are merged into coarser ones and, past ``retention``, deleted, so a week-long soak stays in
 the tens of megabytes.
 
-One writer per run: :func:`claim_run` takes an exclusive ``flock`` on ``<state-dir>/<run-id>.lock``
-for the process's life (the kernel drops it when the process dies, even by ``kill -9``), so a
-second soakd on the same run refuses, naming the holder's pid; and a database that stays locked
-is moved aside only when no live soakd holds a run lock in that state dir.
+One writer per run: :func:`claim_run` takes an exclusive ``flock`` on ``<state-dir>/<run-id>/.lock``
+(the run's folder, beside its summary and report) for the process's life; the kernel drops it
+when the process dies, even by ``kill -9``. A second soakd on the same run refuses, naming the
+holder's pid, and a database that stays locked is moved aside only when no live soakd holds a
+run lock in that state dir.
 """
 
 from __future__ import annotations
@@ -134,12 +135,12 @@ def _connect(path: Path, lock_timeout: float) -> sqlite3.Connection:
 
 # --------------------------------------------------------------------------- run locks
 
-LOCK_SUFFIX = ".lock"
+LOCK_NAME = ".lock"
 _HELD: dict[Path, int] = {}  # lock file -> its descriptor, open (and locked) until the process exits
 
 
 def run_lock_path(state_dir: Path, run_id: str) -> Path:
-    return state_dir / f"{run_id}{LOCK_SUFFIX}"
+    return state_dir / run_id / LOCK_NAME
 
 
 def _lock_pid(fd: int) -> str:
@@ -158,6 +159,7 @@ def claim_run(state_dir: Path, run_id: str) -> Path:
     if key in _HELD:
         return path
     try:
+        path.parent.mkdir(mode=0o700, exist_ok=True)  # the run's folder: its summary and report go here too
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         raise StateError(f"{path}: cannot create the run's lock file: {exc.strerror}") from None
@@ -181,7 +183,7 @@ def claim_run(state_dir: Path, run_id: str) -> Path:
 def live_holders(state_dir: Path) -> list[tuple[str, str]]:
     """(pid, run id) of every other process holding a run lock in ``state_dir``."""
     out: list[tuple[str, str]] = []
-    for path in sorted(state_dir.glob(f"*{LOCK_SUFFIX}")):
+    for path in sorted(state_dir.glob(f"*/{LOCK_NAME}")):
         if path.resolve() in _HELD:
             continue
         try:
@@ -191,7 +193,7 @@ def live_holders(state_dir: Path) -> list[tuple[str, str]]:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
-            out.append((_lock_pid(fd), path.name[: -len(LOCK_SUFFIX)]))
+            out.append((_lock_pid(fd), path.parent.name))
         finally:
             os.close(fd)  # closing drops the probe's own shared lock, if it got one
     return out

@@ -39,7 +39,7 @@ def report_command(ns: argparse.Namespace) -> int:
         elif "not a database" in str(exc) or "malformed" in str(exc):
             hint = " (damaged or truncated: a new run moves it aside)"
         raise UnreadableState(f"{db}: cannot read the state database: {exc}{hint}") from None
-    except (zlib.error, ValueError, KeyError) as exc:  # rows that decode to garbage
+    except (zlib.error, json.JSONDecodeError) as exc:  # histogram rows that decode to garbage
         raise UnreadableState(f"{db}: damaged rows in the state database: {type(exc).__name__}: {exc}") from None
 
 
