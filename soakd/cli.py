@@ -8,11 +8,15 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
-from soakd.errors import ConfigError, Exit, SoakdError
+import soakd
+from soakd.config import load_config
+from soakd.errors import ConfigError, Exit, RunFailed, SoakdError
 
 # `soakd run` flag -> config key path. Flags override the config file.
 RUN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -106,9 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from soakd import __version__
-
-    return f"soakd {__version__}"
+    return f"soakd {soakd.__version__}"
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -134,33 +136,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     _setup_logging(ns.verbose)
     command = ns.command
 
-    from soakd.config import load_config
-
+    # Each subcommand imports only what it runs: `analyze` and `check-config` start without torch.
     try:
         if command == "check-config":
             cfg = load_config(ns.file)
             print(f"{ns.file}: ok")
             return Exit.OK
         if command == "analyze":
-            from soakd.analysis.offline import analyze_command
+            from soakd.analysis.offline import analyze_command  # lazy: only the subcommand's own modules load
 
             return analyze_command(ns)
         if command == "report":
-            from soakd.report.command import report_command
+            from soakd.report.command import report_command  # lazy: only the subcommand's own modules load
 
             return report_command(ns)
         if command == "compare":
-            from soakd.report.compare import compare_command
+            from soakd.report.compare import compare_command  # lazy: only the subcommand's own modules load
 
             return compare_command(ns)
         cfg = load_config(ns.config, _overrides(ns))
         if command == "sweep":
-            from soakd.analysis.sweep import sweep_command
+            from soakd.run.sweep import sweep_command  # lazy: only the subcommand's own modules load
 
             return sweep_command(cfg, ns)
-        from soakd.runner import run
+        from soakd.run.session import run  # lazy: only the subcommand's own modules load
 
         return run(cfg)
+    except RunFailed as exc:
+        print(f"soakd: error: {exc}", file=sys.stderr)
+        return Exit.CRASH
     except SoakdError as exc:
         kind = "config error" if isinstance(exc, ConfigError) else "error"
         print(f"soakd: {kind}: {exc}", file=sys.stderr)
@@ -171,3 +175,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             return Exit.USAGE
         logging.getLogger("soakd").exception("soakd crashed")
         return Exit.CRASH
+
+
+def entry() -> None:
+    """The ``soakd`` command. Exits even when user code (a model factory) left non-daemon
+    threads running, which would otherwise keep the process alive after the run has ended."""
+    code = main()
+    stray = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    if stray:
+        logging.getLogger("soakd").warning("exiting past %d thread(s) left running by user code: %s",
+                                           len(stray), ", ".join(sorted(stray)[:5]))
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(code))
+    sys.exit(code)

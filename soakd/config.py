@@ -68,6 +68,9 @@ class ModelConfig:
     spec: str = "builtin:convnet"
     device: str = "auto"
     warmup: int = 50
+    # After warm-up: the model alone at the max batch size for this long (0: skip), the figure
+    # soakd's achieved throughput is held against (soakd_model_offline_rps).
+    offline_probe: float = _duration(1.0, allow_zero=True)
     dtype: str = "float32"
     # Keyword arguments for builtin and python factories (e.g. a test model's stall period).
     options: dict[str, Any] = field(default_factory=dict)
@@ -81,8 +84,13 @@ class LoadConfig:
     burstiness: float = 1.0  # gamma arrivals: squared coefficient of variation of the gaps
     max_inflight: int = 1024  # open loop: requests beyond this are dropped, not delayed
     duration: float | None = _duration(None)  # None: run until stopped
-    drain_timeout: float = _duration(30.0)
+    drain_timeout: float = _duration(10.0)  # what is still queued then is dropped (counted)
     seed: int = 0
+
+    @property
+    def open_loop(self) -> bool:
+        """A rate means open loop; otherwise closed loop. Every part asks here."""
+        return self.rate is not None
 
 
 @dataclass
@@ -219,10 +227,6 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-    @property
-    def closed_loop(self) -> bool:
-        return self.load.rate is None
 
 
 # --------------------------------------------------------------------------- loading

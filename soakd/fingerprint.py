@@ -29,7 +29,7 @@ def cpu_model() -> str:
 
 def nvidia_driver_version() -> str | None:
     try:
-        import pynvml
+        import pynvml  # optional at run time: a CPU host may lack the NVIDIA library
 
         pynvml.nvmlInit()
         try:

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from soakd.report import windows
-from soakd.report.windows import WindowRecorder, rows_from_windows
+from soakd.report.windows import rows_from_windows
+from soakd.run.windows import WindowRecorder
 from soakd.telemetry.histogram import HistSnapshot, LogHistogram
 
 

@@ -51,6 +51,14 @@ class Batcher:
             self._closed = True
             self._cond.notify_all()
 
+    def drain(self) -> list[Request]:
+        """Everything still queued, removed (the end of a drain that ran out of time)."""
+        with self._cond:
+            left = [r for group in self._groups.values() for r in group]
+            self._groups.clear()
+            self._size = 0
+            return left
+
     def take(self, timeout: float = 0.1) -> list[Request]:
         """Next batch, or ``[]`` when nothing arrived within ``timeout``."""
         give_up = time.perf_counter() + timeout

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from soakd.models.detector import Detector
+from soakd.models.boxes import Detector
 from soakd.models.leaky import FragmentCuda, LeakCuda, LeakHost
 
 

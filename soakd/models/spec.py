@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from soakd.errors import ConfigError
+
 KINDS = ("builtin", "torchscript", "export", "python")
 
 # Builtin model names and their default input shape (one request, no batch dimension).
@@ -59,8 +61,6 @@ def parse_model_spec(spec: str) -> ModelSpec:
 
 def check_model_spec(spec: str) -> ModelSpec:
     """Parse and check what can be checked before loading: builtin names, files that exist."""
-    from soakd.config import ConfigError
-
     try:
         parsed = parse_model_spec(spec)
     except ModelSpecError as exc:

@@ -5,56 +5,53 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+from typing import Any
 
+from soakd.config import load_config
 from soakd.errors import Exit
-from soakd.report.data import RunNotFound, load_run_report
+from soakd.report.data import run_report
+from soakd.report.document import SUMMARY_NAME, build_report, run_dir
+from soakd.store import StateReader
+from soakd.summary import write_json_atomic, write_text_private
+
+
+def _saved_summary(state_dir: str, run_id: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads((run_dir(state_dir, run_id) / SUMMARY_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def report_command(ns: argparse.Namespace) -> int:
-    if ns.format != "json" or ns.config:
-        return _full_report(ns)
-    try:
-        report = load_run_report(ns.state_dir, ns.run_id)
-    except RunNotFound as exc:
-        print(f"soakd: error: {exc}", file=sys.stderr)
-        return Exit.USAGE
-    text = json.dumps(report, indent=2, allow_nan=False, default=str) + "\n"
-    if ns.output:
-        from soakd.summary import write_json_atomic
-
-        write_json_atomic(ns.output, report)
-    else:
-        sys.stdout.write(text)
-    return Exit.OK
-
-
-def _full_report(ns: argparse.Namespace) -> int:
-    """HTML and Markdown (and JSON with --config): the report with plots' data, memory verdicts
-    and SLO checks (``--config``'s ``[slo]``, else the run's own). With --config the exit code
-    is the gate's: 1 when an SLO is missed."""
-    from soakd.config import load_config
-    from soakd.report.document import build_report
-
+    """Plain JSON: the state's own figures. HTML and Markdown (and JSON with --config): the report
+    with plots' data, memory verdicts and SLO checks (``--config``'s ``[slo]``, else the run's
+    own). With --config the exit code is the gate's: 1 when an SLO is missed. A missing or
+    damaged state database is a StateError (exit 2, naming the file)."""
     slo = load_config(ns.config).slo if ns.config else None
-    try:
-        doc = build_report(ns.state_dir, ns.run_id, slo=slo)
-    except RunNotFound as exc:
-        print(f"soakd: error: {exc}", file=sys.stderr)
-        return Exit.USAGE
+    with StateReader(ns.state_dir) as reader:
+        state = reader.load_run(ns.run_id)
+    if ns.format == "json" and not ns.config:
+        report = run_report(state)
+        if ns.output:
+            write_json_atomic(ns.output, report)
+        else:
+            sys.stdout.write(json.dumps(report, indent=2, allow_nan=False, default=str) + "\n")
+        return Exit.OK
+    doc = build_report(state, slo=slo, summary=_saved_summary(ns.state_dir, state.run_id))
     if ns.format == "html":
-        from soakd.report.html import render_html
+        from soakd.report.html import render_html  # matplotlib loads only for HTML
 
         text = render_html(doc)
     elif ns.format == "md":
-        from soakd.report.markdown import render_markdown
+        from soakd.report.markdown import render_markdown  # as above: each format loads its own renderer
 
         text = render_markdown(doc)
     else:
         text = json.dumps(doc.data, indent=2, allow_nan=False, default=str) + "\n"
     if ns.output:
-        from pathlib import Path
-
-        Path(ns.output).write_text(text, encoding="utf-8")
+        write_text_private(Path(ns.output), text)
         print(f"report: {ns.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)

@@ -35,7 +35,9 @@ def parse_shape_mix(spec: str) -> list[tuple[Shape, float]]:
 class ShapeSource:
     """Draws each request's shape by weight and hands out a pooled tensor of that shape."""
 
-    needs_preprocess = False
+    # Pre-made tensors: no preprocess stage (RequestSource).
+    preprocess = None
+    bad_log = None
 
     def __init__(self, spec: str, *, pool: int = 8, dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
         self.mix = parse_shape_mix(spec)
