@@ -198,6 +198,6 @@ def test_the_offline_figure_and_the_harness_warning(tmp_path: Path) -> None:
                "--concurrency", "16", "--max-batch-size", "8", "--duration", "4s", "--summary-json", str(out))
     assert res.returncode == 0, res.stderr
     off = json.loads(out.read_text())["model_offline"]
-    assert off["rps"] > 0 and off["batch_size"] == 8 and 0 < off["achieved_ratio"]
+    assert off["rps"] > 0 and off["batch_size"] == 8 and off["achieved_ratio"] > 0
     assert "of offline" in res.stdout
     assert "soakd's own per-batch work is" in res.stderr
