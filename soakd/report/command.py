@@ -11,6 +11,10 @@ from soakd.report.data import RunNotFound, load_run_report
 
 
 def report_command(ns: argparse.Namespace) -> int:
+    if getattr(ns, "fleet", None):
+        from soakd.report.fleet import fleet_command
+
+        return fleet_command(ns)
     if ns.format != "json" or ns.config:
         return _full_report(ns)
     try:
