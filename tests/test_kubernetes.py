@@ -11,9 +11,12 @@ pruned by the API server). The rules inside the generated PrometheusRules go thr
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
+import urllib.parse
+import urllib.request
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from soakd.config import load_config, tomllib
 from soakd.telemetry.catalogue import Metrics
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port, wait_for
 
 K8S = REPO / "deploy" / "kubernetes"
 CRD_DIR = REPO / "tests" / "fixtures" / "prometheus-operator"
@@ -395,3 +398,78 @@ def test_promtool_checks_and_tests_the_rendered_rules(tmp_path: Path) -> None:
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "SUCCESS" in res.stdout + res.stderr
+
+
+PROMETHEUS = shutil.which("prometheus")
+
+
+def _meta(prefix: str, labels: dict[str, str]) -> dict[str, str]:
+    """Labels as Kubernetes service discovery names them: __meta_kubernetes_pod_label_<sanitised key>."""
+    return {prefix + re.sub(r"[^a-zA-Z0-9_]", "_", k): v for k, v in labels.items()}
+
+
+def _snake(relabel: dict[str, Any]) -> dict[str, Any]:
+    """A Prometheus Operator relabeling (camelCase) as Prometheus' relabel_config."""
+    return {re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), k): v for k, v in relabel.items()}
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="needs Prometheus (Debian package prometheus)")
+def test_relabelings_label_real_series(daemon_factory: Any, tmp_path: Path) -> None:
+    """A real Prometheus scraping a real soakd through the ServiceMonitor's relabelings, fed the
+    discovery labels the h100 overlay's pod would have: series carry job="soakd" and the fleet
+    labels, and no soakd label is pushed aside as exported_*."""
+    objs = render("overlays/h100")
+    sts, svc = one(objs, "StatefulSet"), one(objs, "Service")
+    mon = one(render("monitoring/servicemonitor"), "ServiceMonitor")
+    pod_name, node = f"{sts['metadata']['name']}-0", "gpu-node-7"
+    product = sts["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"]
+    discovered = {
+        "__meta_kubernetes_namespace": sts["metadata"]["namespace"],
+        "__meta_kubernetes_pod_name": pod_name,
+        "__meta_kubernetes_pod_node_name": node,
+        **_meta("__meta_kubernetes_pod_label_", sts["spec"]["template"]["metadata"]["labels"]),
+        **_meta("__meta_kubernetes_service_label_", svc["metadata"]["labels"]),
+        **_meta("__meta_kubernetes_node_label_", {"nvidia.com/gpu.product": product}),
+    }
+    # What the operator puts first for jobLabel; the monitor's own relabelings follow it.
+    job_label = "__meta_kubernetes_service_label_" + re.sub(r"\W", "_", mon["spec"]["jobLabel"])
+    relabel = [{"source_labels": [job_label], "target_label": "job", "regex": "(.+)", "replacement": "${1}"}]
+    relabel += [_snake(r) for r in mon["spec"]["endpoints"][0]["relabelings"]]
+    d = daemon_factory(
+        "--model", "builtin:noop", "--warmup", "2", "--rate", "100", "--state-dir", str(tmp_path / "state")
+    )
+    d.wait_ready()
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(json.dumps({
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+        "scrape_configs": [{"job_name": "servicemonitor-emulated", "relabel_configs": relabel,
+                            "static_configs": [{"targets": [f"127.0.0.1:{d.port}"], "labels": discovered}]}],
+    }))  # fmt: skip
+    log = tmp_path / "prometheus.log"
+    with log.open("w") as fh:
+        prom = subprocess.Popen([str(PROMETHEUS), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                                stdout=fh, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+
+        def query(expr: str) -> list[dict[str, Any]]:
+            if prom.poll() is not None:
+                raise AssertionError(f"prometheus exited ({prom.returncode}):\n{log.read_text()}")
+            url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                return list(json.load(resp)["data"]["result"])
+
+        (info,) = wait_for(lambda: query("soakd_build_info"), 60, what="Prometheus to scrape soakd")
+        labels = info["metric"]
+        assert labels["job"] == "soakd"
+        assert labels["instance"] == f"{sts['metadata']['namespace']}/{pod_name}"
+        assert (labels["namespace"], labels["pod"], labels["node"]) == (sts["metadata"]["namespace"], pod_name, node)
+        assert labels["gpu_class"] == "h100" and labels["gpu_product"] == product
+        assert query('up{job="soakd"} == 1'), "SoakdDown's up series"
+        names = {k for s in query('{job="soakd"}') for k in s["metric"]}
+        assert not {n for n in names if n.startswith("exported_")}, names
+        assert "stage" in names and "outcome" in names  # soakd's own labels came through as they are
+    finally:
+        prom.terminate()
+        prom.wait(20)
