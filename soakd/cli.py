@@ -95,14 +95,17 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("files", metavar="FILE", nargs="+")
 
     # ---- report / compare (issue: reports and gates)
-    report = sub.add_parser("report", help="summarise a run from its state dir")
-    report.add_argument("--state-dir", required=True, metavar="DIR")
+    report = sub.add_parser("report", help="summarise a run from its state dir, or a fleet of runs")
+    where = report.add_mutually_exclusive_group(required=True)
+    where.add_argument("--state-dir", metavar="DIR")
+    where.add_argument("--fleet", nargs="+", metavar="SRC",
+                       help="one soak per GPU: state dirs and report/summary/fleet JSONs; exit 1 when any GPU fails")
     report.add_argument("--run-id", metavar="ID", help="default: the most recent run")
     report.add_argument("--format", choices=("json", "html", "md"), default="json")
     report.add_argument("--output", metavar="FILE", help="default: stdout")
     report.add_argument("--config", metavar="FILE", help="SLOs to check")
 
-    compare = sub.add_parser("compare", help="compare two run summaries; exit 1 on a regression")
+    compare = sub.add_parser("compare", help="compare two run summaries (or two fleet reports); exit 1 on a regression")
     compare.add_argument("a", metavar="A.json")
     compare.add_argument("b", metavar="B.json")
     compare.add_argument("--config", metavar="FILE", help="regression thresholds")
@@ -151,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return report_command(ns)
         if command == "compare":
-            from soakd.report.compare import compare_command  # lazy: only the subcommand's own modules load
+            from soakd.report.command import compare_command  # lazy: only the subcommand's own modules load
 
             return compare_command(ns)
         cfg = load_config(ns.config, _overrides(ns))

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from soakd.config import CompareConfig
-from soakd.report.compare import Comparison, block_bootstrap_ci, compare_command, print_comparison
+from soakd.report.command import compare_command
+from soakd.report.compare import Comparison, block_bootstrap_ci, print_comparison
 from tests.report_runs import runs, soakd
 
 

@@ -1,4 +1,5 @@
-"""``soakd report``: a run's report from its state dir, as JSON, self-contained HTML or Markdown."""
+"""``soakd report`` and ``soakd compare``: the commands, reading their inputs from disk; the
+documents themselves are built by the pure modules beside this one."""
 
 from __future__ import annotations
 
@@ -6,32 +7,28 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TextIO
 
-from soakd.config import load_config
+from soakd.config import CompareConfig, load_config
 from soakd.errors import Exit
+from soakd.report.compare import Comparison, load_result, print_comparison
 from soakd.report.data import run_report
-from soakd.report.document import SUMMARY_NAME, build_report, run_dir
-from soakd.store import StateReader
+from soakd.report.document import build_report
+from soakd.report.fleet import compare_fleets, fleet_command, is_fleet
+from soakd.report.sources import load_state, saved_summary
 from soakd.summary import write_json_atomic, write_text_private
-
-
-def _saved_summary(state_dir: str, run_id: str) -> dict[str, Any] | None:
-    try:
-        data = json.loads((run_dir(state_dir, run_id) / SUMMARY_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def report_command(ns: argparse.Namespace) -> int:
     """Plain JSON: the state's own figures. HTML and Markdown (and JSON with --config): the report
     with plots' data, memory verdicts and SLO checks (``--config``'s ``[slo]``, else the run's
     own). With --config the exit code is the gate's: 1 when an SLO is missed. A missing or
-    damaged state database is a StateError (exit 2, naming the file)."""
+    damaged state database is a StateError (exit 2, naming the file). ``--fleet``: many runs,
+    one table per GPU (:mod:`soakd.report.fleet`)."""
+    if getattr(ns, "fleet", None):
+        return fleet_command(ns)
     slo = load_config(ns.config).slo if ns.config else None
-    with StateReader(ns.state_dir) as reader:
-        state = reader.load_run(ns.run_id)
+    state = load_state(ns.state_dir, ns.run_id)
     if ns.format == "json" and not ns.config:
         report = run_report(state)
         if ns.output:
@@ -39,7 +36,7 @@ def report_command(ns: argparse.Namespace) -> int:
         else:
             sys.stdout.write(json.dumps(report, indent=2, allow_nan=False, default=str) + "\n")
         return Exit.OK
-    doc = build_report(state, slo=slo, summary=_saved_summary(ns.state_dir, state.run_id))
+    doc = build_report(state, slo=slo, summary=saved_summary(ns.state_dir, state.run_id))
     if ns.format == "html":
         from soakd.report.html import render_html  # matplotlib loads only for HTML
 
@@ -58,3 +55,23 @@ def report_command(ns: argparse.Namespace) -> int:
     if ns.config and not doc.data["slo"]["passed"]:
         return Exit.FAIL
     return Exit.OK
+
+
+def compare_command(ns: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    cfg = load_config(ns.config).compare if ns.config else CompareConfig()
+    docs = []
+    for path in (ns.a, ns.b):
+        try:
+            docs.append(load_result(path))
+        except (OSError, ValueError) as exc:
+            print(f"soakd: error: {path}: {exc}", file=sys.stderr)
+            return Exit.USAGE
+    if is_fleet(docs[0]) != is_fleet(docs[1]):
+        print(f"soakd: error: {ns.a if is_fleet(docs[0]) else ns.b} is a fleet report and the other is not: "
+              "compare a fleet with a fleet", file=sys.stderr)
+        return Exit.USAGE
+    if is_fleet(docs[0]):
+        return compare_fleets(docs[0], docs[1], cfg, ns.a, ns.b, out)
+    cmp = Comparison(docs[0], docs[1], cfg).run()
+    print_comparison(cmp, ns.a, ns.b, out)
+    return Exit.FAIL if cmp.regressions else Exit.OK

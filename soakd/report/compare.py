@@ -9,10 +9,8 @@ per-window data only the threshold applies, and the output says so.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -21,8 +19,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.stats import norm
 
-from soakd.config import CompareConfig, load_config
-from soakd.errors import Exit
+from soakd.config import CompareConfig
 from soakd.report.slo import error_ratio
 from soakd.report.windows import series
 
@@ -240,17 +237,3 @@ def load_result(path: str) -> dict[str, Any]:
     if not isinstance(doc, dict) or "latency_ms" not in doc:
         raise ValueError("not a soakd summary or report (no latency_ms)")
     return doc
-
-
-def compare_command(ns: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    cfg = load_config(ns.config).compare if ns.config else CompareConfig()
-    docs = []
-    for path in (ns.a, ns.b):
-        try:
-            docs.append(load_result(path))
-        except (OSError, ValueError) as exc:
-            print(f"soakd: error: {path}: {exc}", file=sys.stderr)
-            return Exit.USAGE
-    cmp = Comparison(docs[0], docs[1], cfg).run()
-    print_comparison(cmp, ns.a, ns.b, out)
-    return Exit.FAIL if cmp.regressions else Exit.OK
