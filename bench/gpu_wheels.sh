@@ -2,10 +2,10 @@
 # Fetch, into .whl/, the pure-Python wheels soakd needs that the device machine's image lacks
 # (it has Python 3.12 with a CUDA torch, numpy, scipy, psutil, prometheus-client, nvidia-ml-py,
 # pytest, but no APScheduler or OpenTelemetry, and no network). Run here, where PyPI answers;
-# then the device call carries .whl and bench/gpu_check.sh installs them (docs/gpu.md). ~1 MB.
+# then the device call carries .whl (ignored by git) and bench/gpu_check.sh installs them
+# (docs/gpu.md). About 1 MB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || { [ -d .git ] && echo '/.whl/' >> .git/info/exclude; } || true
 PY=${PYTHON:-python3}
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform any -d .whl \
