@@ -302,6 +302,15 @@ def sweep_cmd(work: Path, batches: Sequence[int], step_s: float) -> list[str]:
                  "--state-dir", str(work / "sweep-state"))
 
 
+def sweep_marker(line: str) -> str | None:
+    """"start" for soakd sweep's log line before its first step, "step" for the line that ends a step."""
+    if "soakd.sweep: sweep:" in line:
+        return "start"
+    if re.search(r"soakd\.sweep: step \d+ ", line):
+        return "step"
+    return None
+
+
 def run_sweep(work: Path, batches: Sequence[int], step_s: float) -> tuple[dict[str, Any], list[tuple[int | None, int]]]:
     """``soakd sweep`` in a child; NVML's peak for the child between its step log lines."""
     out = work / "sweep.json"
@@ -315,9 +324,10 @@ def run_sweep(work: Path, batches: Sequence[int], step_s: float) -> tuple[dict[s
     try:
         for line in proc.stdout:
             sys.stdout.write(line)
-            if "soakd.sweep: sweep:" in line:
+            marker = sweep_marker(line)
+            if marker == "start":
                 poller.mark()  # warm-up (at the biggest batch) is not step 0's memory
-            elif re.search(r"soakd\.sweep: step \d+ ", line):
+            elif marker == "step":
                 peaks.append(poller.mark())
         rc = proc.wait(30)
     finally:

@@ -186,6 +186,22 @@ def test_the_sweep_and_run_commands_use_flags_soakd_has(tmp_path: Path) -> None:
         assert flags and all(f in helptext for f in flags), (sub, [f for f in flags if f not in helptext])
 
 
+def test_the_sweep_log_lines_that_mark_steps_are_the_ones_soakd_sweep_writes(tmp_path: Path) -> None:
+    """A real two-step CPU sweep: one start line, then one line per step (NVML's per-step peaks hang on them)."""
+    cmd = [a if a != "cuda" else "cpu" for a in gpu_steps.sweep_cmd(tmp_path, [1, 2], 1.0)]
+    cmd = [a if a != gpu_steps.SHAPE else "3x8x8" for a in cmd]
+    cmd += ["--warmup", "2", "--window", "0.5s"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    markers = [m for line in (proc.stdout + proc.stderr).splitlines() if (m := gpu_steps.sweep_marker(line))]
+    assert markers == ["start", "step", "step"]
+    steps = json.loads((tmp_path / "sweep.json").read_text())["steps"]
+    assert [s["max_batch_size"] for s in steps] == [1, 2]
+    read = {"max_batch_size", "concurrency", "throughput_rps", "p50_ms", "p99_ms", "mean_batch_size",
+            "peak_gpu_memory_bytes", "bottleneck", "stable"}  # what step_table reads from each step
+    assert read <= set(steps[0]), sorted(read - set(steps[0]))
+
+
 def test_the_metrics_the_soaks_read_are_ones_soakd_exports() -> None:
     """Every soakd_* name the soaks read from /metrics (Soak.series/last) is in soakd's catalogue."""
     wanted = set(re.findall(r'(?:series|last)\(\s*"(soakd_[a-z_]+)"', Path(gpu_steps.__file__).read_text()))
