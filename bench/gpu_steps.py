@@ -271,14 +271,17 @@ class NvmlPoller:
     def _run(self) -> None:
         while not self._stop.wait(0.02):
             try:
-                procs = self.nv.nvmlDeviceGetComputeRunningProcesses(self.h)
                 used = int(self.nv.nvmlDeviceGetMemoryInfo(self.h).used)
             except self.nv.NVMLError:
                 continue
-            mine = sum(int(p.usedGpuMemory or 0) for p in procs if p.pid == self.pid)
+            try:  # a container may not answer this, or list host pids: then no per-process figure
+                procs = self.nv.nvmlDeviceGetComputeRunningProcesses(self.h)
+            except self.nv.NVMLError:
+                procs = []
+            mine = [int(p.usedGpuMemory or 0) for p in procs if p.pid == self.pid]
             with self._lock:
-                self.listed = self.listed or any(p.pid == self.pid for p in procs)
-                self.proc_peak = max(self.proc_peak, mine)
+                self.listed = self.listed or bool(mine)
+                self.proc_peak = max(self.proc_peak, sum(mine))
                 self.used_peak = max(self.used_peak, used)
 
     def mark(self) -> tuple[int | None, int]:
