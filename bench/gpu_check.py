@@ -168,19 +168,23 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
 
 # The seed article's own table (BS, QPS, P99 ms, GPU memory GB) for the convnet at 3x224x224.
 SEED_ARTICLE = {1: (65, 15.2, 1.2), 4: (180, 22.1, 2.1), 8: (240, 33.5, 3.8), 32: (260, 123.0, 11.5)}
-BATCH_COLUMNS = ("max batch", "soakd req/s", "soakd p99 ms", "torch reserved peak MiB", "NVML process peak MiB",
-                 "bottleneck", "offline loop img/s", "seed harness img/s", "seed p99 ms/call",
-                 "soakd / offline", "article QPS / p99 ms / GB")
+BATCH_COLUMNS = (("max batch", "max_batch_size"), ("concurrency", "concurrency"), ("soakd req/s", "soakd_rps"),
+                 ("soakd p50 ms", "soakd_p50_ms"), ("soakd p99 ms", "soakd_p99_ms"), ("mean batch", "mean_batch"),
+                 ("torch reserved peak MiB", "torch_reserved_peak_mib"),
+                 ("NVML process peak MiB", "nvml_process_peak_mib"),
+                 ("NVML device used peak MiB", "nvml_device_used_peak_mib"), ("bottleneck", "bottleneck"),
+                 ("stable", "stable"), ("offline loop img/s", "offline_img_per_s"),
+                 ("seed harness img/s", "seed_img_per_s"), ("seed p99 ms/call", "seed_p99_ms"),
+                 ("soakd / offline", "soakd_over_offline"))
+ARTICLE_COLUMN = "article QPS / p99 ms / GB"
 
 
 def batch_rows(rows: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
+    """Every figure of each batch row, and the seed article's own where it gave that batch size."""
     out = []
     for r in rows:
         article = SEED_ARTICLE.get(int(r.get("max_batch_size", 0)))
-        out.append([r.get("max_batch_size"), r.get("soakd_rps"), r.get("soakd_p99_ms"),
-                    r.get("torch_reserved_peak_mib"), r.get("nvml_process_peak_mib"), r.get("bottleneck"),
-                    r.get("offline_img_per_s"),
-                    r.get("seed_img_per_s"), r.get("seed_p99_ms"), r.get("soakd_over_offline"),
+        out.append([*(r.get(key) for _, key in BATCH_COLUMNS),
                     " / ".join(str(v) for v in article) if article else None])
     return out
 
@@ -204,7 +208,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         rows = s.get("figures", {}).get("batch_table")
         if rows:
             lines += ["", "## The seed article's table, measured (builtin:convnet 3x224x224)", "",
-                      *_table(BATCH_COLUMNS, batch_rows(rows))]
+                      *_table([*(h for h, _ in BATCH_COLUMNS), ARTICLE_COLUMN], batch_rows(rows))]
     figures = [(s["name"], key, value) for s in steps for key, value in flatten(s.get("figures", {}))
                if not key.startswith("batch_table")]
     if figures:

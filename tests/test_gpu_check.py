@@ -146,9 +146,10 @@ def test_steps_past_the_budget_are_skipped_not_started(tmp_path: Path) -> None:
 
 def test_the_markdown_holds_the_batch_table_beside_the_article_and_every_figure() -> None:
     """Batch rows with the seed article's own figures where it gave them; every other figure flattened."""
-    row = {"max_batch_size": 4, "soakd_rps": 1800.5, "soakd_p99_ms": 3.2, "torch_reserved_peak_mib": 210.0,
-           "nvml_process_peak_mib": None, "bottleneck": "model-bound", "offline_img_per_s": 1900.0,
-           "seed_img_per_s": 1500.0, "seed_p99_ms": 2.5, "soakd_over_offline": 0.948}
+    row = {"max_batch_size": 4, "concurrency": 8, "soakd_rps": 1800.5, "soakd_p50_ms": 1.1, "soakd_p99_ms": 3.2,
+           "mean_batch": 3.9, "torch_reserved_peak_mib": 210.0, "nvml_process_peak_mib": None,
+           "nvml_device_used_peak_mib": 230.0, "bottleneck": "model-bound", "stable": True,
+           "offline_img_per_s": 1900.0, "seed_img_per_s": 1500.0, "seed_p99_ms": 2.5, "soakd_over_offline": 0.948}
     report = {"cuda": True, "gpu": {"name": "NVIDIA H200"}, "steps": [
         {"name": "table", "status": "passed", "checks": {"every batch size measured": True},
          "figures": {"batch_table": [row, {**row, "max_batch_size": 16}], "knee": 8}},
@@ -156,8 +157,9 @@ def test_the_markdown_holds_the_batch_table_beside_the_article_and_every_figure(
                                                             "note": "a|b"}}]}
     md = gpu_check.render_markdown(report)
     assert md.startswith("# soakd GPU check: NVIDIA H200")
-    assert "| 4 | 1800 | 3.2 | 210 | – | model-bound | 1900 | 1500 | 2.5 | 0.948 | 180 / 22.1 / 2.1 |" in md
-    assert "| 16 | 1800 | 3.2 | 210 | – | model-bound | 1900 | 1500 | 2.5 | 0.948 | – |" in md
+    same = "| 8 | 1800 | 1.1 | 3.2 | 3.9 | 210 | – | 230 | model-bound | yes | 1900 | 1500 | 2.5 | 0.948 |"
+    assert f"| 4 {same} 180 / 22.1 / 2.1 |" in md  # the article's BS4 row beside ours
+    assert f"| 16 {same} – |" in md  # the article gave no BS16
     assert "| table | knee | 8 |" in md
     assert "| costs | calls_us.torch.cuda.memory_stats().median | 4.25 |" in md
     assert "| costs | note | a\\|b |" in md
