@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 BATCHES = (1, 4, 8, 16, 32)
 SHAPE = "3x224x224"
+DEVICE = "cuda"  # the table's device; a CPU rehearsal of the glue sets "cpu" and a small SHAPE
 Figures = dict[str, Any]
 
 
@@ -256,16 +257,20 @@ class NvmlPoller:
         import pynvml
 
         self.nv = pynvml
-        pynvml.nvmlInit()
-        self.h = pynvml.nvmlDeviceGetHandleByIndex(0)
         self.pid = pid
-        self.listed = False
-        self.proc_peak = 0
-        self.used_peak = 0
-        self.baseline = int(pynvml.nvmlDeviceGetMemoryInfo(self.h).used)
+        self.listed = self.up = False
+        self.proc_peak = self.used_peak = self.baseline = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        try:
+            pynvml.nvmlInit()
+            self.h = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self.baseline = int(pynvml.nvmlDeviceGetMemoryInfo(self.h).used)
+        except pynvml.NVMLError as exc:  # no NVML figures, the sweep's own still count
+            say(f"NVML poller: {exc}")
+            return
+        self.up = True
         self._thread.start()
 
     def _run(self) -> None:
@@ -284,22 +289,24 @@ class NvmlPoller:
                 self.proc_peak = max(self.proc_peak, sum(mine))
                 self.used_peak = max(self.used_peak, used)
 
-    def mark(self) -> tuple[int | None, int]:
+    def mark(self) -> tuple[int | None, int | None]:
         """(this pid's peak or None when NVML does not list it, device used peak - baseline); resets."""
         with self._lock:
-            got = (self.proc_peak if self.listed else None, max(0, self.used_peak - self.baseline))
+            got = (self.proc_peak if self.listed else None,
+                   max(0, self.used_peak - self.baseline) if self.up else None)
             self.proc_peak = self.used_peak = 0
         return got
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2)
-        self.nv.nvmlShutdown()
+        if self.up:
+            self._stop.set()
+            self._thread.join(2)
+            self.nv.nvmlShutdown()
 
 
 def sweep_cmd(work: Path, batches: Sequence[int], step_s: float) -> list[str]:
     """The seed article's table through soakd sweep: closed loop at twice each max batch size."""
-    return soakd("sweep", "--model", "builtin:convnet", "--device", "cuda", "--input-shapes", SHAPE,
+    return soakd("sweep", "--model", "builtin:convnet", "--device", DEVICE, "--input-shapes", SHAPE,
                  "--max-batch-size", ",".join(map(str, batches)), "--concurrency", "2x",
                  "--step-duration", f"{step_s:g}s", "--warmup", "50", "--json", str(work / "sweep.json"),
                  "--state-dir", str(work / "sweep-state"))
@@ -314,7 +321,8 @@ def sweep_marker(line: str) -> str | None:
     return None
 
 
-def run_sweep(work: Path, batches: Sequence[int], step_s: float) -> tuple[dict[str, Any], list[tuple[int | None, int]]]:
+def run_sweep(work: Path, batches: Sequence[int], step_s: float
+              ) -> tuple[dict[str, Any], list[tuple[int | None, int | None]]]:
     """``soakd sweep`` in a child; NVML's peak for the child between its step log lines."""
     out = work / "sweep.json"
     cmd = sweep_cmd(work, batches, step_s)
@@ -323,7 +331,7 @@ def run_sweep(work: Path, batches: Sequence[int], step_s: float) -> tuple[dict[s
                             text=True)
     assert proc.stdout is not None
     poller = NvmlPoller(proc.pid)
-    peaks: list[tuple[int | None, int]] = []
+    peaks: list[tuple[int | None, int | None]] = []
     try:
         for line in proc.stdout:
             sys.stdout.write(line)
@@ -346,7 +354,7 @@ def helper(name: str, work: Path, batches: Sequence[int], seconds: float) -> dic
     """The offline loop or the seed harness, in a process of its own."""
     out = work / f"{name}.json"
     cmd = [sys.executable, "-m", "bench.gpu_steps", name, "--batches", ",".join(map(str, batches)),
-           "--seconds", str(seconds), "--json", str(out)]
+           "--seconds", str(seconds), "--json", str(out), "--device", DEVICE, "--shape", SHAPE]
     say(" ".join(cmd))
     subprocess.run(cmd, cwd=REPO, env=child_env(), timeout=60, check=True)
     return dict(json.loads(out.read_text()))
@@ -360,7 +368,7 @@ def step_table(out: Path, work: Path) -> Result:
     rows = []
     for i, s in enumerate(sweep["steps"]):
         b = str(s["max_batch_size"])
-        proc_peak, used_peak = peaks[i] if i < len(peaks) else (None, 0)
+        proc_peak, used_peak = peaks[i] if i < len(peaks) else (None, None)
         off = offline.get(b, {}).get("img_per_s")
         rows.append({
             "max_batch_size": s["max_batch_size"], "concurrency": s["concurrency"],
@@ -369,7 +377,7 @@ def step_table(out: Path, work: Path) -> Result:
             "torch_reserved_peak_mib": None if s["peak_gpu_memory_bytes"] is None
             else round(s["peak_gpu_memory_bytes"] / MiB, 1),
             "nvml_process_peak_mib": None if proc_peak is None else round(proc_peak / MiB, 1),
-            "nvml_device_used_peak_mib": round(used_peak / MiB, 1),
+            "nvml_device_used_peak_mib": None if used_peak is None else round(used_peak / MiB, 1),
             "bottleneck": s["bottleneck"], "stable": s["stable"],
             "offline_img_per_s": off,
             "seed_img_per_s": seed.get(b, {}).get("img_per_s"), "seed_p99_ms": seed.get(b, {}).get("p99_ms"),
@@ -384,37 +392,41 @@ def step_table(out: Path, work: Path) -> Result:
     return r
 
 
-def offline_main(batches: Sequence[int], seconds: float, out: Path) -> None:
+def offline_main(batches: Sequence[int], seconds: float, out: Path, device: str, shape_text: str) -> None:
     from bench.core_throughput import offline_loop
 
-    shape = tuple(int(v) for v in SHAPE.split("x"))
-    res = {str(b): {"img_per_s": round(offline_loop("builtin:convnet", "cuda", shape, b, seconds), 1)}
+    shape = tuple(int(v) for v in shape_text.split("x"))
+    res = {str(b): {"img_per_s": round(offline_loop("builtin:convnet", device, shape, b, seconds), 1)}
            for b in batches}
     out.write_text(json.dumps(res))
 
 
-def seed_main(batches: Sequence[int], seconds: float, out: Path) -> None:
+def seed_main(batches: Sequence[int], seconds: float, out: Path, device: str, shape_text: str) -> None:
     """The seed article's harness as written, one thread, on a batch of ``b`` images."""
     import torch
 
     from bench.seed_harness import LocalInferenceBenchmarker
     from soakd.models.loader import load_model
 
-    model = load_model("builtin:convnet", "cuda")
-    shape = tuple(int(v) for v in SHAPE.split("x"))
+    model = load_model("builtin:convnet", device)
+    shape = tuple(int(v) for v in shape_text.split("x"))
+    def sync() -> None:
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
+
     res = {}
     for b in batches:
-        x = torch.randn(b, *shape, device="cuda")
+        x = torch.randn(b, *shape, device=model.device)
         with torch.inference_mode():
             for _ in range(10):
                 model.fn(x)
-            torch.cuda.synchronize()
+            sync()
             t0 = time.perf_counter()
             for _ in range(10):
                 model.fn(x)
-            torch.cuda.synchronize()
+            sync()
         per_call = (time.perf_counter() - t0) / 10
-        bench = LocalInferenceBenchmarker(model.fn, (b, *shape), warmup_runs=50, device="cuda")
+        bench = LocalInferenceBenchmarker(model.fn, (b, *shape), warmup_runs=50, device=str(model.device))
         got = bench.run_stress_test([1], requests_per_thread=max(20, int(seconds / per_call)))[1]
         res[str(b)] = {"img_per_s": round(got["qps"] * b, 1), "calls_per_s": got["qps"], "p99_ms": got["p99_ms"]}
     out.write_text(json.dumps(res))
@@ -701,12 +713,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--device", default=DEVICE)
+    ap.add_argument("--shape", default=SHAPE)
     args = ap.parse_args(argv)
     if args.step == "offline":
-        offline_main(_batches(args.batches), args.seconds, args.json)
+        offline_main(_batches(args.batches), args.seconds, args.json, args.device, args.shape)
         return 0
     if args.step == "seed":
-        seed_main(_batches(args.batches), args.seconds, args.json)
+        seed_main(_batches(args.batches), args.seconds, args.json, args.device, args.shape)
         return 0
     args.work.mkdir(parents=True, exist_ok=True)
     try:
