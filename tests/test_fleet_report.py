@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from soakd.cli import main
-from soakd.report.sources import load_report
 from soakd.report.fleet import hists_from_json
+from soakd.report.sources import load_report
 from soakd.summary import stage_summary
 from soakd.telemetry.histogram import HistSnapshot
 from tests.conftest import REPO, soakd_cmd
