@@ -260,7 +260,7 @@ class Engine:
             self._hist["queue"].observe_many([t_dispatch - r.enqueued for r in batch])
             t_last = t_end if t_done is None else t_done
             self._hist["e2e"].observe_many([t_last - r.intended for r in batch])
-            self._hist["inference"].observe_many(np.full(n, t_end - t_dispatch))
+            self._hist["inference"].observe_n(t_end - t_dispatch, n)
         if outcome != "bad_input":  # rejected samples never formed a model batch
             self.metrics.batch_size.observe(n)
         if self.batch_hook is not None:
