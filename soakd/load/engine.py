@@ -22,9 +22,9 @@ import torch
 from soakd.config import Config
 from soakd.load.batcher import Batcher
 from soakd.load.executors import Executor, executor_for
-from soakd.load.request import Request
+from soakd.load.request import Inlet, Request
 from soakd.load.stages import BAD_INPUT_KEY, PostprocessThread, PreprocessPool, pad_collate
-from soakd.targets.base import Target
+from soakd.targets.base import AnyTarget, RequestTarget
 from soakd.telemetry.catalogue import OUTCOMES, Metrics
 from soakd.telemetry.histogram import HistSnapshot
 from soakd.workload.postprocess import postprocessor
@@ -53,7 +53,7 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 class Engine:
-    def __init__(self, target: Target, source: RequestSource, cfg: Config, metrics: Metrics, *,
+    def __init__(self, target: AnyTarget, source: RequestSource, cfg: Config, metrics: Metrics, *,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.target = target
         self.source = source
@@ -75,8 +75,9 @@ class Engine:
         self._counts_lock = threading.Lock()
         self._errors_logged: set[str] = set()
         # Per worker: seconds inside the target, seconds of the loop's own work around it.
-        self._model_s = [0.0] * target.workers
-        self._overhead_s = [0.0] * target.workers
+        workers = target.workers if target.batches else 1
+        self._model_s = [0.0] * workers
+        self._overhead_s = [0.0] * workers
         self.started_at = 0.0
         self.last_completion = 0.0
         self.last_progress = time.monotonic()  # for the watchdog: the last batch that finished
@@ -91,7 +92,8 @@ class Engine:
         """Preprocess pool, padding and postprocess thread, each None when unused: the synthetic
         path (pre-made tensors, no postprocess) pays one attribute test per batch for them."""
         inp = self.cfg.input
-        self._inlet: Batcher | PreprocessPool = self.batcher  # where new requests go
+        # Where new requests go: the batcher, or straight to a target whose server batches.
+        self._inlet: Inlet = self.batcher if self.target.batches else _Submit(self.target)
         self.preprocess_pool: PreprocessPool | None = None
         self.postprocess: PostprocessThread | None = None
         self._collate: Callable[[list[Request]], torch.Tensor] | None = pad_collate if inp.pad else None
@@ -99,7 +101,7 @@ class Engine:
         if self.source.preprocess is not None:
             self._hist["preprocess"] = self.metrics.request_duration.labels("preprocess")
             self.preprocess_pool = PreprocessPool(
-                inp.preprocess_workers, self.source.preprocess, self.batcher,
+                inp.preprocess_workers, self.source.preprocess, self._inlet,
                 self._hist["preprocess"], self.metrics.preprocess_busy, self.clock,
                 bad_log=self.source.bad_log,  # the source's: named once per run
             )
@@ -147,8 +149,11 @@ class Engine:
         for stage in (self.preprocess_pool, self.postprocess):
             if stage is not None:
                 stage.start()
-        self.target.start()
-        self.target.serve(self._model_loop)
+        if self.target.batches:
+            self.target.start()
+            self.target.serve(self._model_loop)
+        else:
+            self.target.start(self._request_done)
         self.executor.start(self)
 
     def stop(self, drain_timeout: float | None = None) -> bool:
@@ -201,9 +206,16 @@ class Engine:
 
     # ------------------------------------------------------------------ worker loop
 
+    def _request_done(self, req: Request, t_sent: float, t_end: float, outcome: str) -> None:
+        """A request target finished one request: its wait for a connection is the queue stage."""
+        self._complete([req], t_sent, t_end, outcome)
+
     def _model_loop(self, worker: int) -> None:
         timeout = self.cfg.batcher.inference_timeout
-        collate, post, target, clock = self._collate, self.postprocess, self.target, self.clock
+        target = self.target
+        if not target.batches:  # a request target runs no batch loop (see _request_done)
+            return
+        collate, post, clock = self._collate, self.postprocess, self.clock
         model_s, overhead_s = self._model_s, self._overhead_s
         cuda_oom_reset = self.cfg.batcher.empty_cache_on_oom and torch.cuda.is_available()
         while not self._abort.is_set():
@@ -261,7 +273,8 @@ class Engine:
             t_last = t_end if t_done is None else t_done
             self._hist["e2e"].observe_many([t_last - r.intended for r in batch])
             self._hist["inference"].observe_n(t_end - t_dispatch, n)
-        if outcome != "bad_input":  # rejected samples never formed a model batch
+        batched = self.target.batches
+        if batched and outcome != "bad_input":  # rejected samples never formed a model batch
             self.metrics.batch_size.observe(n)
         if self.batch_hook is not None:
             self.batch_hook(n, t_dispatch, t_end, outcome)
@@ -269,7 +282,7 @@ class Engine:
         self.last_completion = t_end if t_done is None else t_done
         self.last_progress = time.monotonic()
         with self._complete_lock:  # several workers may complete at once
-            if outcome != "bad_input":
+            if batched and outcome != "bad_input":
                 self._batch_counts[n] += 1
             if not self.stop_event.is_set():
                 self.executor.replace(self, n)  # closed loop: what finished, plus or minus a new target
@@ -319,3 +332,16 @@ class Engine:
             "p99": float(np.searchsorted(cum, 0.99 * total)),
             "max": float(sizes[counts > 0].max()),
         }
+
+
+class _Submit:
+    """The inlet of a target whose server batches: requests go straight to its client."""
+
+    def __init__(self, target: RequestTarget) -> None:
+        self._target = target
+
+    def put(self, req: Request) -> None:
+        self._target.submit([req])
+
+    def put_many(self, reqs: list[Request]) -> None:
+        self._target.submit(reqs)

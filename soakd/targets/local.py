@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -33,6 +33,7 @@ class LocalModelTarget:
     """
 
     stages = ("queue", "inference")
+    batches: Literal[True] = True
 
     def __init__(self, fn: Callable[[torch.Tensor], Any], device: torch.device, *, spec: str = "",
                  instances: int = 1) -> None:
