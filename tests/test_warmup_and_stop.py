@@ -5,12 +5,13 @@ the model, shapes the figures. Every case is a real ``soakd run`` subprocess."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
 from pathlib import Path
 
-from tests.conftest import free_port, soakd_cmd, wait_for
+from tests.conftest import free_port, metric_value, scrape, soakd_cmd, wait_for
 
 MODELS = '''
 import sys, threading, time
@@ -201,3 +202,26 @@ def test_the_offline_figure_and_the_harness_warning(tmp_path: Path) -> None:
     assert off["rps"] > 0 and off["batch_size"] == 8 and off["achieved_ratio"] > 0
     assert "of offline" in res.stdout
     assert "soakd's own per-batch work is" in res.stderr
+
+
+def test_an_unreachable_otlp_collector_does_not_stretch_the_exit(tmp_path: Path) -> None:
+    """OTLP pointed at a port nobody listens on: SIGTERM to exit stays well under 15 s (each OTLP
+    step at exit has a deadline instead of the exporter's retries)."""
+    port = free_port()
+    dead = free_port()
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{dead}",
+           "OTEL_EXPORTER_OTLP_TIMEOUT": "10", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(soakd_cmd("run", "--metrics-addr", f"127.0.0.1:{port}", "--state-dir",
+                                      str(tmp_path / "state"), "--model", "builtin:noop", "--warmup", "2"),
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        wait_for(lambda: metric_value(scrape(port), "soakd_requests_total", 'outcome="ok"'), 60,
+                 what="soakd to serve requests")
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert time.monotonic() - t0 < 15, err
