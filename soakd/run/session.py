@@ -148,7 +148,7 @@ class RunSession:
         windows = WindowRecorder()  # the summary's rows, for the report and compare
         windows.start(engine.stats())
         store_window = StoreWindow(engine.stats, window_length(cfg.state.window, cfg.load.duration,
-                                                               cfg.metrics.status_interval),
+                                                               cfg.state.flush_interval),
                                    life.run_id, lambda: life.segment, life.event)
         store_window.start(engine.stats())
         try:

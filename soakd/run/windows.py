@@ -132,9 +132,10 @@ class StoreWindow:
         return seg, self.run_id, row
 
 
-def window_length(configured: float, duration: float | None, status_interval: float) -> float:
+def window_length(configured: float, duration: float | None, flush_interval: float) -> float:
     """Stored windows follow the run's length: a short soak still gets a few dozen points in its
-    report, a long one keeps the configured length (the store's size stays bounded)."""
+    report (48 for a 90 s demo), a long one keeps the configured length (the store stays small).
+    Never shorter than the store's flush, which closes them."""
     if duration is None:
         return configured
-    return max(status_interval, min(configured, duration / 48.0))
+    return max(flush_interval, min(configured, duration / 48.0))
