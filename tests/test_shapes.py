@@ -12,8 +12,8 @@ import torch
 
 from soakd.config import ConfigError, load_config
 from soakd.load.engine import Engine
-from soakd.load.request import Request
 from soakd.load.stages import pad_collate
+from soakd.request import Request
 from soakd.targets.local import LocalModelTarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.workload.seqlen import SeqLenSource, draw_lengths, parse_seq_spec

@@ -8,7 +8,7 @@ import time
 from collections import deque
 from collections.abc import Hashable, Iterable
 
-from soakd.load.request import Request
+from soakd.request import Request
 
 
 class Batcher:

@@ -22,8 +22,8 @@ import torch
 from soakd.config import Config
 from soakd.load.batcher import Batcher
 from soakd.load.executors import Executor, executor_for
-from soakd.load.request import Inlet, Request
 from soakd.load.stages import BAD_INPUT_KEY, PostprocessThread, PreprocessPool, pad_collate
+from soakd.request import Inlet, Request
 from soakd.targets.base import AnyTarget, RequestTarget
 from soakd.telemetry.catalogue import OUTCOMES, Metrics
 from soakd.telemetry.histogram import HistSnapshot

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from soakd.config import LoadConfig
 from soakd.load.arrivals import gaps
-from soakd.load.request import Request
+from soakd.request import Request
 
 # Open loop needs the arrivals thread to get the GIL back promptly after its sleep; the
 # default 5 ms switch interval would put up to 5 ms of lag on every send.

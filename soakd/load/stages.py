@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from soakd.load.request import Inlet, Request
+from soakd.request import Inlet, Request
 from soakd.telemetry.histogram import LogHistogram
 from soakd.workload.samples import BadSampleLog
 

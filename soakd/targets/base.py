@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from soakd.load.request import Request
+from soakd.request import Request
 
 
 @dataclass
