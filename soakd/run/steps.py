@@ -28,14 +28,21 @@ def new_run_id() -> str:
 
 def load_target(cfg: Config, metrics: Metrics | None = None) -> tuple[LoadedModel, LocalModelTarget]:
     """The model, loaded and placed, behind the target its worker threads will call for the whole
-    run (ModelLoadError / ConfigError when it cannot be)."""
+    run (ModelLoadError / ConfigError when it cannot be).
+
+    The cores go to the model threads: the rest of the process (this thread's loading and input
+    pools, the pre- and postprocess threads) runs torch single-threaded, so it never opens an
+    OpenMP team of its own beside theirs (docs/model-threads.md)."""
+    cores = torch.get_num_threads()
+    torch.set_num_threads(1)
     model = load_model(cfg.model.spec, cfg.model.device, cfg.model.dtype, cfg.model.options)
     if metrics is not None:
         metrics.model_load.set(model.load_seconds)
     log.info("loaded %s on %s in %.2fs", cfg.model.spec, model.device, model.load_seconds)
-    target = LocalModelTarget(model.fn, model.device, spec=cfg.model.spec, instances=cfg.batcher.instances)
-    if target.workers > 1 and model.device.type == "cpu":
-        log.info("%d model instances, %d intra-op threads each", target.workers, target.threads_per_worker)
+    target = LocalModelTarget(model.fn, model.device, spec=cfg.model.spec, instances=cfg.batcher.instances,
+                              cpu_threads=cores)
+    log.info("%d model instance%s, %d intra-op thread%s each", target.workers, "s" if target.workers > 1 else "",
+             target.threads_per_worker, "s" if target.threads_per_worker > 1 else "")
     target.start()
     return model, target
 

@@ -17,35 +17,35 @@ from soakd.targets.workers import WorkerThreads
 log = logging.getLogger("soakd.target")
 
 
-def thread_budget(instances: int, cores: int | None = None) -> int:
-    """Intra-op threads per model instance on a CPU: the cores shared out, not K instances each
-    claiming all of them (K OpenMP teams of ``cores`` threads would oversubscribe the host)."""
-    total = torch.get_num_threads() if cores is None else cores
-    return max(1, total // max(1, instances))
+def thread_budget(instances: int, cores: int) -> int:
+    """Intra-op threads per model instance: the cores shared out, not K instances each claiming
+    all of them (K OpenMP teams of ``cores`` threads would oversubscribe the host)."""
+    return max(1, cores // max(1, instances))
 
 
 class LocalModelTarget:
     """``fn`` on ``device``, called by ``instances`` worker threads (Triton's instance group).
 
-    On a CPU with several instances each worker sets its own intra-op thread count to its share
-    of the cores before its first call; ``torch.set_num_threads`` is per calling thread under
-    OpenMP, so the setting must be made on the thread that runs the model.
+    Each worker sets its own intra-op thread count (its share of ``cpu_threads``, default: what
+    torch would use now) before its first call: under OpenMP ``torch.set_num_threads`` is per
+    calling thread and every thread that runs a parallel op keeps a team of its own, so the
+    setting must be made on the thread that runs the model (docs/model-threads.md).
     """
 
     stages = ("queue", "inference")
     batches: Literal[True] = True
 
     def __init__(self, fn: Callable[[torch.Tensor], Any], device: torch.device, *, spec: str = "",
-                 instances: int = 1) -> None:
+                 instances: int = 1, cpu_threads: int | None = None) -> None:
         self.fn = fn
         self.device = device
         self.spec = spec
         self.workers = max(1, instances)
         self._cuda = device.type == "cuda"
-        budget = thread_budget(self.workers) if device.type == "cpu" and self.workers > 1 else None
-        self.threads_per_worker = budget or torch.get_num_threads()
-        init = (lambda i: torch.set_num_threads(budget)) if budget is not None else None
-        self._threads = WorkerThreads(self.workers, "soakd-model", init)
+        budget = torch.get_num_threads() if cpu_threads is None else cpu_threads
+        self.threads_per_worker = thread_budget(self.workers, budget)
+        per = self.threads_per_worker
+        self._threads = WorkerThreads(self.workers, "soakd-model", lambda i: torch.set_num_threads(per))
 
     # ------------------------------------------------------------------ lifecycle
 
