@@ -12,6 +12,7 @@ STAGE_ORDER = ("e2e", "queue", "inference", "preprocess", "postprocess")
 QUANTILE_COLUMNS = ("p50", "p90", "p99", "p999", "max", "mean", "count")
 FINGERPRINT_ROWS = (
     ("run id", "run_id"), ("started", "started_at"), ("model", "model"), ("model sha256", "model_sha256"),
+    ("model sha256 of", "model_identity"),
     ("input", "input"), ("device", "device"), ("device name", "device_name"), ("CPU", "cpu_model"),
     ("host", "host"), ("soakd", "soakd_version"), ("torch", "torch_version"), ("CUDA", "cuda_version"),
     ("cuDNN", "cudnn_version"), ("NVIDIA driver", "driver_version"), ("Python", "python_version"),
