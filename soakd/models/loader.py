@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from soakd import __version__
 from soakd.config import ConfigError
 from soakd.errors import ModelLoadError
 from soakd.models.builtin import BUILTINS
@@ -62,8 +63,6 @@ def _file_sha256(path: Path) -> str:
 def _module_sha256(module: nn.Module, name: str, options: dict[str, Any]) -> str:
     """A builtin has no file: hash its spec and options, the soakd version that defines it, and
     its parameters and buffers in order (seeded, so the same on every run; models/seeded.py)."""
-    from soakd import __version__
-
     opts = json.dumps(options, sort_keys=True, default=str)
     h = hashlib.sha256(f"{name}\0{opts}\0soakd {__version__}\0".encode())
     for key, tensor in module.state_dict().items():

@@ -79,8 +79,6 @@ def check_model_input(spec: str, shapes: str, samples: str | None) -> None:
     """A model file carries no input shape soakd can read before loading it: a TorchScript or
     torch.export model needs ``input.shapes`` (or ``input.samples``), or every run fails at
     warm-up. Builtins have defaults; a python factory may set ``soakd_input_shape``."""
-    from soakd.config import ConfigError
-
     kind = spec.partition(":")[0]
     if kind in ("torchscript", "export") and not shapes.strip() and samples is None:
         raise ConfigError(
