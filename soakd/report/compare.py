@@ -125,8 +125,8 @@ class Comparison:
         if a is not None and b is not None:
             row.change = units.change(a, b, row.unit)
             past = a > 0 and (a - b) / a > self.cfg.max_throughput_drop
-            ia, ib = (rate_interval((d.get("requests") or {}).get("ok"), d.get("duration_seconds"),
-                                    self.cfg.confidence) for d in (self.a, self.b))
+            ia = rate_interval((self.a.get("requests") or {}).get("ok"), a, self.cfg.confidence)
+            ib = rate_interval((self.b.get("requests") or {}).get("ok"), b, self.cfg.confidence)
             self._judge(row, past, "throughput_rps", None, worse_if_higher=False, counts=(ia, ib))
         self.rows.append(row)
 

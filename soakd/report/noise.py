@@ -15,7 +15,8 @@ its figures are:
   only known to lie below about the slowest one), or passes it and there is no upper bound.
   Requests that shared a batch share their latency, so the count is divided by the mean
   batch size first.
-* throughput, from the ok count: a count over a fixed time has Poisson error sqrt(N).
+* throughput, from the ok count: a count over a fixed time has Poisson error sqrt(N), a
+  relative error of 1/sqrt(N) on the rate.
 
 Each side's interval is taken at the confidence; the difference interval runs from
 ``lo_B - hi_A`` to ``hi_B - lo_A``, so "beyond noise" means the two intervals do not overlap
@@ -105,14 +106,15 @@ def quantile_interval(stage: Mapping[str, Any], key: str, confidence: float,
     return lo / _HALF_BUCKET, hi * (1.0 if hi_rank == n and has_max else _HALF_BUCKET)
 
 
-def rate_interval(count: Any, seconds: Any, confidence: float) -> tuple[float, float] | None:
-    """Where the rate behind ``count`` events in ``seconds`` lies (Poisson count error)."""
-    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+def rate_interval(count: Any, rate: Any, confidence: float) -> tuple[float, float] | None:
+    """Where the true rate lies, from a rate measured as ``count`` events over a fixed time:
+    the count's Poisson error sqrt(N) is a relative error of 1/sqrt(N) on the rate, whatever the
+    time (so a fleet's summed throughput and total count work as well as one run's)."""
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         return None
-    if not isinstance(seconds, (int, float)) or not seconds > 0:
+    if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not rate > 0:
         return None
-    half = _z(confidence) * math.sqrt(max(count, 1)) / seconds
-    rate = count / seconds
+    half = _z(confidence) * rate / math.sqrt(count)
     return max(0.0, rate - half), rate + half
 
 
