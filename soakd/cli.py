@@ -6,6 +6,7 @@ Exit codes: the table in :mod:`soakd.errors`.
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import logging
 import os
@@ -128,14 +129,54 @@ def _overrides(ns: argparse.Namespace) -> dict[str, Any]:
     return {key: getattr(ns, key) for key, _ in RUN_FLAGS.values() if getattr(ns, key, None) is not None}
 
 
+COMMANDS = ("run", "sweep", "analyze", "report", "compare", "check-config")
+
+
+def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found: argparse.ArgumentParser = action.choices[command]
+            return found
+    return parser  # pragma: no cover - build_parser always adds the subcommands
+
+
+def _check_flags(args: Sequence[str], parser: argparse.ArgumentParser) -> None:
+    """Before argparse (whose 'required' errors would hide a typo): every ``--flag`` must be one
+    of the subcommand's or a prefix of just one; else name the closest."""
+    flags = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    for arg in args:
+        if arg == "--":
+            break
+        name = arg.split("=", 1)[0]
+        if not name.startswith("--") or name in flags or sum(f.startswith(name) for f in flags) == 1:
+            continue
+        parser.error(f"unrecognized argument {name}{_did_you_mean(name, flags)}")
+
+
+def _parse(parser: argparse.ArgumentParser, args: list[str]) -> argparse.Namespace:
+    """A bare ``soakd`` (or ``soakd --flags``) is ``soakd run``; an unknown first word is a
+    mistyped subcommand, not a flag of ``run``: name the subcommands and the closest one."""
+    first = next((a for a in args if a not in ("-v", "--verbose")), None)
+    if first is None or (first.startswith("-") and first not in ("-h", "--help", "--version")):
+        args.insert(args.index(first) if first is not None else len(args), "run")
+        first = "run"
+    if first not in COMMANDS and not first.startswith("-"):
+        parser.error(f"unknown command {first!r}{_did_you_mean(first, COMMANDS)}; "
+                     f"commands: {', '.join(COMMANDS)} (soakd --help)")
+    if first in COMMANDS:
+        at = args.index(first)
+        _check_flags(args[at + 1:], _subparser(parser, first))
+    return parser.parse_args(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = list(sys.argv[1:] if argv is None else argv)
-    commands = {"run", "check-config", "sweep", "analyze", "report", "compare"}
-    first = next((a for a in args if a not in ("-v", "--verbose")), None)
-    if first is None or (first not in commands and first not in ("-h", "--help", "--version")):
-        args.insert(args.index(first) if first is not None else len(args), "run")  # bare `soakd` runs
-    ns = parser.parse_args(args)
+    ns = _parse(parser, list(sys.argv[1:] if argv is None else argv))
     _setup_logging(ns.verbose)
     command = ns.command
 

@@ -355,12 +355,9 @@ def _require(cond: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-_SHAPE_ITEM_RE = re.compile(r"^\d+(x\d+)*(=\d+(\.\d*)?)?$")
-
-
 def validate(cfg: Config) -> None:
     """Cross-field and range checks; raises ConfigError naming the key path."""
-    from soakd.models.spec import check_model_spec  # local: keeps torch out of config import
+    from soakd.models.spec import check_model_input, check_model_spec  # local: keeps torch out of config import
 
     check_model_spec(cfg.model.spec)
     _require(
@@ -402,11 +399,13 @@ def validate(cfg: Config) -> None:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     elif cfg.input.shapes:
-        for item in cfg.input.shapes.replace(" ", "").split(","):
-            _require(
-                bool(_SHAPE_ITEM_RE.match(item)),
-                f"input.shapes: cannot parse {item!r} (use e.g. 3x224x224 or 3x224x224=0.6,3x96x96=0.4)",
-            )
+        from soakd.workload.shape_spec import parse_shape_mix  # torch-free, like parse_seq_spec
+
+        try:
+            parse_shape_mix(cfg.input.shapes)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    check_model_input(cfg.model.spec, cfg.input.shapes, cfg.input.samples)
     if cfg.input.samples is not None:
         _require(Path(cfg.input.samples).is_dir(), f"input.samples: {cfg.input.samples}: no such directory")
     _require(

@@ -73,3 +73,14 @@ def check_model_spec(spec: str) -> ModelSpec:
     if path is not None and not path.is_file():
         raise ConfigError(f"model.spec: {path}: model file not found")
     return parsed
+
+
+def check_model_input(spec: str, shapes: str, samples: str | None) -> None:
+    """A model file carries no input shape soakd can read before loading it: a TorchScript or
+    torch.export model needs ``input.shapes`` (or ``input.samples``), or every run fails at
+    warm-up. Builtins have defaults; a python factory may set ``soakd_input_shape``."""
+    kind = spec.partition(":")[0]
+    if kind in ("torchscript", "export") and not shapes.strip() and samples is None:
+        raise ConfigError(
+            f"input.shapes: {spec} has no default input shape; give one per request "
+            "(--input-shapes 3x224x224, or [input] shapes = \"3x224x224\") or --samples DIR")
