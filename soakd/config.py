@@ -37,6 +37,7 @@ from soakd.names import LEAK_SERIES, STAGES
 from soakd.specs import (
     BUILTIN_DEFAULT_SHAPES,
     check_crontab,
+    check_model_input,
     check_model_spec,
     is_seq_spec,
     parse_model_spec,
@@ -105,6 +106,9 @@ class ModelConfig:
     spec: str = "builtin:convnet"
     device: str = "auto"
     warmup: int = 50
+    # After warm-up: the model alone at the max batch size for this long (0: skip), the figure
+    # soakd's achieved throughput is held against (soakd_model_offline_rps).
+    offline_probe: float = _duration(1.0, allow_zero=True)
     dtype: str = "float32"
     # Keyword arguments for builtin and python factories (e.g. a test model's stall period).
     options: dict[str, Any] = field(default_factory=dict)
@@ -118,8 +122,13 @@ class LoadConfig:
     burstiness: float = 1.0  # gamma arrivals: squared coefficient of variation of the gaps
     max_inflight: int = 1024  # open loop: requests beyond this are dropped, not delayed
     duration: float | None = _duration(None)  # None: run until stopped
-    drain_timeout: float = _duration(30.0)
+    drain_timeout: float = _duration(10.0)  # what is still queued then is dropped (counted)
     seed: int = 0
+
+    @property
+    def open_loop(self) -> bool:
+        """A rate means open loop; otherwise closed loop. Every part asks here."""
+        return self.rate is not None
 
 
 @dataclass
@@ -263,10 +272,6 @@ class Config:
         """:meth:`to_dict` with credential-like values replaced: what every output may hold."""
         redacted: dict[str, Any] = redact_secrets(self.to_dict())
         return redacted
-
-    @property
-    def closed_loop(self) -> bool:
-        return self.load.rate is None
 
 
 # --------------------------------------------------------------------------- loading
@@ -631,6 +636,7 @@ def validate(cfg: Config) -> None:
             parse_shape_mix(cfg.input.shapes)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+    check_model_input(cfg.model.spec, cfg.input.shapes, cfg.input.samples)
     if cfg.input.samples is not None:
         _require(Path(cfg.input.samples).is_dir(), f"input.samples: {cfg.input.samples}: no such directory")
     _require(

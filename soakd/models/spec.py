@@ -8,8 +8,10 @@ from soakd.specs import (
     KINDS,
     ModelSpec,
     ModelSpecError,
+    check_model_input,
     check_model_spec,
     parse_model_spec,
 )
 
-__all__ = ["BUILTIN_DEFAULT_SHAPES", "KINDS", "ModelSpec", "ModelSpecError", "check_model_spec", "parse_model_spec"]
+__all__ = ["BUILTIN_DEFAULT_SHAPES", "KINDS", "ModelSpec", "ModelSpecError", "check_model_input",
+           "check_model_spec", "parse_model_spec"]

@@ -1,55 +1,62 @@
-"""``soakd report``: a run's report from its state dir, as JSON, self-contained HTML or Markdown.
-
-A state database that cannot be read (garbage, truncated, on a mount SQLite cannot open) and an
-output that cannot be written are exit 2 with one line naming the file, never a traceback.
-"""
+"""``soakd report`` and ``soakd compare``: the commands, reading their inputs from disk; the
+documents themselves are built by the pure modules beside this one."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
 import sys
-import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-from soakd.config import load_config, redact_secrets
-from soakd.errors import Exit, SoakdError
-from soakd.files import write_private
-from soakd.report.data import RunNotFound, load_run_report
-from soakd.store import DB_NAME
-
-
-class UnreadableState(SoakdError):
-    """The state database exists but cannot be read; the message names it and says why."""
+from soakd.config import CompareConfig, load_config, redact_secrets
+from soakd.errors import Exit, StateError
+from soakd.report.compare import Comparison, load_result, print_comparison
+from soakd.report.data import run_report
+from soakd.report.document import build_report
+from soakd.report.fleet import compare_fleets, fleet_command, is_fleet
+from soakd.report.sources import load_state, saved_summary
+from soakd.summary import write_json_atomic, write_text_private
 
 
 def report_command(ns: argparse.Namespace) -> int:
-    db = Path(ns.state_dir) / DB_NAME
-    try:
-        return _report(ns)
-    except RunNotFound as exc:
-        print(f"soakd: error: {exc}", file=sys.stderr)
-        return Exit.USAGE
-    except sqlite3.Error as exc:
-        hint = ""
-        if "unable to open" in str(exc) or "readonly" in str(exc):
-            hint = " (a read-only mount or folder: SQLite needs to create or write its -shm file beside it)"
-        elif "not a database" in str(exc) or "malformed" in str(exc):
-            hint = " (damaged or truncated: a new run moves it aside)"
-        raise UnreadableState(f"{db}: cannot read the state database: {exc}{hint}") from None
-    except (zlib.error, json.JSONDecodeError) as exc:  # histogram rows that decode to garbage
-        raise UnreadableState(f"{db}: damaged rows in the state database: {type(exc).__name__}: {exc}") from None
+    """Plain JSON: the state's own figures. HTML and Markdown (and JSON with --config): the report
+    with plots' data, memory verdicts and SLO checks (``--config``'s ``[slo]``, else the run's
+    own). With --config the exit code is the gate's: 1 when an SLO is missed. A missing or
+    damaged state database is a StateError (exit 2, naming the file). ``--fleet``: many runs,
+    one table per GPU (:mod:`soakd.report.fleet`)."""
+    if getattr(ns, "fleet", None):
+        return fleet_command(ns)
+    slo = load_config(ns.config).slo if ns.config else None
+    state = load_state(ns.state_dir, ns.run_id)
+    if ns.format == "json" and not ns.config:
+        report = run_report(state)
+        _redact_run(report)
+        if ns.output:
+            _write(ns.output, lambda: write_json_atomic(ns.output, report))
+        else:
+            sys.stdout.write(json.dumps(report, indent=2, allow_nan=False, default=str) + "\n")
+        return Exit.OK
+    doc = build_report(state, slo=slo, summary=saved_summary(ns.state_dir, state.run_id))
+    _redact_run(doc.data)
+    if ns.format == "html":
+        from soakd.report.html import render_html  # matplotlib loads only for HTML
 
+        text = render_html(doc)
+    elif ns.format == "md":
+        from soakd.report.markdown import render_markdown  # as above: each format loads its own renderer
 
-def _report(ns: argparse.Namespace) -> int:
-    if ns.format != "json" or ns.config:
-        return _full_report(ns)
-    report = load_run_report(ns.state_dir, ns.run_id)
-    _redact_run(report)
-    text = json.dumps(report, indent=2, allow_nan=False, default=str) + "\n"
-    _emit(ns.output, text)
+        text = render_markdown(doc)
+    else:
+        text = json.dumps(doc.data, indent=2, allow_nan=False, default=str) + "\n"
+    if ns.output:
+        _write(ns.output, lambda: write_text_private(Path(ns.output), text))
+        print(f"report: {ns.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    if ns.config and not doc.data["slo"]["passed"]:
+        return Exit.FAIL
     return Exit.OK
 
 
@@ -60,37 +67,28 @@ def _redact_run(data: dict[str, Any]) -> None:
         run["config"] = redact_secrets(run["config"])
 
 
-def _emit(output: str | None, text: str) -> None:
-    if not output:
-        sys.stdout.write(text)
-        return
+def _write(output: str, write: Callable[[], None]) -> None:
     try:
-        write_private(output, text)
-    except OSError as exc:
-        raise UnreadableState(f"--output {output}: cannot write the report: {exc.strerror}") from None
-    print(f"report: {output}", file=sys.stderr)
+        write()
+    except OSError as exc:  # a read-only folder, a full disk: the user's to fix, exit 2
+        raise StateError(f"--output {output}: cannot write the report: {exc.strerror}") from None
 
 
-def _full_report(ns: argparse.Namespace) -> int:
-    """HTML and Markdown (and JSON with --config): the report with plots' data, memory verdicts
-    and SLO checks (``--config``'s ``[slo]``, else the run's own). With --config the exit code
-    is the gate's: 1 when an SLO is missed."""
-    from soakd.report.document import build_report  # numpy and the renderers: only for this path
-
-    slo = load_config(ns.config).slo if ns.config else None
-    doc = build_report(ns.state_dir, ns.run_id, slo=slo)
-    _redact_run(doc.data)
-    if ns.format == "html":
-        from soakd.report.html import render_html
-
-        text = render_html(doc)
-    elif ns.format == "md":
-        from soakd.report.markdown import render_markdown
-
-        text = render_markdown(doc)
-    else:
-        text = json.dumps(doc.data, indent=2, allow_nan=False, default=str) + "\n"
-    _emit(ns.output, text)
-    if ns.config and not doc.data["slo"]["passed"]:
-        return Exit.FAIL
-    return Exit.OK
+def compare_command(ns: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    cfg = load_config(ns.config).compare if ns.config else CompareConfig()
+    docs = []
+    for path in (ns.a, ns.b):
+        try:
+            docs.append(load_result(path))
+        except (OSError, ValueError) as exc:
+            print(f"soakd: error: {path}: {exc}", file=sys.stderr)
+            return Exit.USAGE
+    if is_fleet(docs[0]) != is_fleet(docs[1]):
+        print(f"soakd: error: {ns.a if is_fleet(docs[0]) else ns.b} is a fleet report and the other is not: "
+              "compare a fleet with a fleet", file=sys.stderr)
+        return Exit.USAGE
+    if is_fleet(docs[0]):
+        return compare_fleets(docs[0], docs[1], cfg, ns.a, ns.b, out)
+    cmp = Comparison(docs[0], docs[1], cfg).run()
+    print_comparison(cmp, ns.a, ns.b, out)
+    return Exit.FAIL if cmp.regressions else Exit.OK

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from soakd.specs import Shape, parse_shape_mix
+from soakd.workload.shape_spec import Shape, parse_shape_mix
 
 __all__ = ["Shape", "ShapeSource", "parse_shape_mix"]
 
@@ -17,7 +17,9 @@ __all__ = ["Shape", "ShapeSource", "parse_shape_mix"]
 class ShapeSource:
     """Draws each request's shape by weight and hands out a pooled tensor of that shape."""
 
-    needs_preprocess = False
+    # Pre-made tensors: no preprocess stage (RequestSource).
+    preprocess = None
+    bad_log = None
 
     def __init__(self, spec: str, *, pool: int = 8, dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
         self.mix = parse_shape_mix(spec)
