@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from soakd.config import ConfigError, load_config
-from soakd.workload.shape_spec import parse_shape_mix
+from soakd.specs import parse_shape_mix
 from tests.conftest import REPO, soakd_cmd
 
 

@@ -1,5 +1,5 @@
 """Model loading: builtin models, TorchScript, torch.export programs, Python factories."""
 
-from soakd.models.spec import ModelSpec, parse_model_spec
+from soakd.specs import ModelSpec, parse_model_spec
 
 __all__ = ["ModelSpec", "parse_model_spec"]

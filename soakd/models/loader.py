@@ -21,7 +21,7 @@ from soakd import __version__
 from soakd.config import ConfigError
 from soakd.errors import ModelLoadError
 from soakd.models.builtin import BUILTINS
-from soakd.models.spec import BUILTIN_DEFAULT_SHAPES, ModelSpec, parse_model_spec
+from soakd.specs import BUILTIN_DEFAULT_SHAPES, ModelSpec, parse_model_spec
 
 BatchFn = Callable[[torch.Tensor], Any]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from soakd.workload.shape_spec import Shape, parse_shape_mix
+from soakd.specs import Shape, parse_shape_mix
 
 __all__ = ["Shape", "ShapeSource", "parse_shape_mix"]
 
