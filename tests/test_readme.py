@@ -461,3 +461,35 @@ def test_readme_is_a_start_and_links_resolve() -> None:
     assert not broken, "broken links:\n" + "\n".join(broken)
     if pending:
         pytest.skip(f"links to {sorted(pending)} not checked: those pages come from other branches")
+
+
+def test_blocks_are_read_as_the_rules_say(tmp_path: Path) -> None:
+    """Commands split as a shell sees them; expected exit codes, run-until-stopped and shortened
+    durations follow the rules in this module's docstring, and the README's first soak is run."""
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```sh\n"
+        "cat > a.toml <<'EOF'\n[load]\nrate = 20\nEOF\n"
+        ".venv/bin/soakd run --config a.toml --duration 10m \\\n"
+        "  --summary-json s.json   # exit 0 or 1: the SLO verdict\n"
+        "# a comment line\n"
+        ".venv/bin/soakd run --model builtin:noop --metrics-addr 127.0.0.1:9470   # until Ctrl-C\n"
+        ".venv/bin/soakd sweep --step-duration 20s --max-batch-size 1,8\n"
+        "```\n\n"
+        "```sh template\n# template: needs your model\n.venv/bin/soakd run --model torchscript:x.pt\n```\n"
+    )
+    sh, template = read_blocks(page)
+    assert (sh.tags, template.tags, sh.line, template.line) == (set(), {"template"}, 1, 13)
+    heredoc, gated, until_stopped, sweep = split_commands(sh.text)
+    assert heredoc == "cat > a.toml <<'EOF'\n[load]\nrate = 20\nEOF"
+    assert gated.startswith(".venv/bin/soakd run --config a.toml --duration 10m   --summary-json s.json")
+    assert (expected_codes(gated), expected_codes(until_stopped), expected_codes(sweep)) == ({0, 1}, {0}, {0})
+    assert "--duration 3s" in shorten(gated) and "--step-duration 2s" in shorten(sweep)
+    assert shorten(".venv/bin/soakd run --duration 2s") == ".venv/bin/soakd run --duration 2s"
+    assert runs_until_stopped(until_stopped) and not runs_until_stopped(gated)
+    assert ready_url(until_stopped) == "http://127.0.0.1:9470/healthz"
+    assert port_of(gated) == 9464 and port_of(heredoc) is None
+    assert localise(gated, tmp_path).startswith(f"{shlex.quote(sys.executable)} -m soakd run")
+    assert (skip_reason(template, split_commands(template.text)) or "").startswith("a template")
+    first = [b for b in read_blocks(REPO / "README.md") if b.lang == "sh" and "first-soak.toml" in b.text]
+    assert first and skip_reason(first[0], split_commands(first[0].text)) is None, "the README's first soak must run"
