@@ -4,8 +4,9 @@ copy of the repository root, after `make demo` / `make test` have made `.venv`.
 How code blocks are read (the docs follow these rules; `test_blocks_declare_what_they_are` keeps
 them to it):
 
-- ```sh blocks are run, one command at a time, in the order of the page, in one folder per page
-  (a copy of the repository), so a file a block makes is there for the blocks after it.
+- ```sh blocks (```bash and ```console alike) are run, one command at a time, in the order of
+  the page, in one folder per page (a copy of the repository), so a file a block makes is there
+  for the blocks after it. A fence with no language must not hold commands.
 - ```sh gpu blocks run only where CUDA is available; ```sh template blocks never run (they need
   files, hosts or services the user brings, and say which on a `# template:` line).
 - A command runs to its end and must exit 0, or the code its comment names (`# exit 0, or 1 on
@@ -47,7 +48,9 @@ from tests.conftest import REPO
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # Pages other branches write; a link to one is checked once the page is in the tree.
 PAGES_FROM_OTHER_BRANCHES = {"docs/gpu.md", "docs/fleet.md", "docs/architecture.md", "docs/leak-verdicts.md"}
-SHELL_LANGS = {"sh", "bash", "shell", "console", "zsh", "shell-session"}
+SHELL_LANGS = {"sh", "bash", "shell", "console", "zsh", "shell-session"}  # all run alike
+# An unlabelled fence may hold a tree or a diagram, not commands that would escape the test.
+LOOKS_LIKE_A_COMMAND = r"^\s*(\$ |\.venv/bin/|soakd |make |curl |python3? |kubectl |docker |systemctl |bash )"
 TAGS = {"gpu", "template"}
 NOT_RERUN = re.compile(r"^(make|pip3?|\S*/pip|python3? -m venv|scripts/bootstrap\.sh)\b")
 NEEDS_TOOL = ("prometheus", "promtool")  # Debian's prometheus package; skipped where absent
@@ -91,7 +94,8 @@ def read_blocks(page: Path) -> list[Block]:
 
 
 def split_commands(text: str) -> list[str]:
-    """One entry per command: backslash continuations joined, a heredoc kept with its command."""
+    """One entry per command: backslash continuations joined, a heredoc kept with its command, a
+    `for ... done` kept whole."""
     out: list[str] = []
     lines = text.splitlines()
     i = 0
@@ -112,8 +116,15 @@ def split_commands(text: str) -> list[str]:
                 if body[-1].strip() == heredoc.group(1):
                     break
             line = "\n".join(body)
+        while i < len(lines) and not complete(line):  # a loop or a quote that spans lines
+            line += "\n" + lines[i]
+            i += 1
         out.append(line)
     return out
+
+
+def complete(cmd: str) -> bool:
+    return subprocess.run(["bash", "-n", "-c", cmd], capture_output=True).returncode == 0
 
 
 def first_line(cmd: str) -> str:
@@ -390,14 +401,12 @@ def test_shown_commands_run(block: Block, pages: dict[Path, Page], tmp_path_fact
 
 
 def test_blocks_declare_what_they_are() -> None:
-    """Every fence names its language, shell blocks are ```sh, tags are known, templates say what they need."""
+    """No commands hide in an unlabelled fence, tags are known, templates say what they need."""
     problems = []
     for page in PAGES:
         for b in read_blocks(page):
-            if not b.lang:
-                problems.append(f"{b.where}: a fence without a language")
-            elif b.lang in SHELL_LANGS and b.lang != "sh":
-                problems.append(f"{b.where}: ```{b.lang}: write shell blocks as ```sh so the test runs them")
+            if not b.lang and re.search(LOOKS_LIKE_A_COMMAND, b.text, re.M):
+                problems.append(f"{b.where}: commands in a fence without a language: make it ```sh so they run")
             if b.tags - TAGS:
                 problems.append(f"{b.where}: unknown tag(s) {sorted(b.tags - TAGS)} (known: {sorted(TAGS)})")
             if "template" in b.tags and not re.search(r"^# template: \S", b.text, re.M):
@@ -475,13 +484,14 @@ def test_blocks_are_read_as_the_rules_say(tmp_path: Path) -> None:
         "# a comment line\n"
         ".venv/bin/soakd run --model builtin:noop --metrics-addr 127.0.0.1:9470   # until Ctrl-C\n"
         ".venv/bin/soakd sweep --step-duration 20s --max-batch-size 1,8\n"
+        "for f in a b; do\n  echo $f\ndone\n"
         "```\n\n"
         "```sh template\n# template: needs your model\n.venv/bin/soakd run --model torchscript:x.pt\n```\n"
     )
     sh, template = read_blocks(page)
-    assert (sh.tags, template.tags, sh.line, template.line) == (set(), {"template"}, 1, 13)
-    heredoc, gated, until_stopped, sweep = split_commands(sh.text)
-    assert heredoc == "cat > a.toml <<'EOF'\n[load]\nrate = 20\nEOF"
+    assert (sh.tags, template.tags, sh.line, template.line) == (set(), {"template"}, 1, 16)
+    heredoc, gated, until_stopped, sweep, loop = split_commands(sh.text)
+    assert heredoc == "cat > a.toml <<'EOF'\n[load]\nrate = 20\nEOF" and loop == "for f in a b; do\n  echo $f\ndone"
     assert gated.startswith(".venv/bin/soakd run --config a.toml --duration 10m   --summary-json s.json")
     assert (expected_codes(gated), expected_codes(until_stopped), expected_codes(sweep)) == ({0, 1}, {0}, {0})
     assert "--duration 3s" in shorten(gated) and "--step-duration 2s" in shorten(sweep)
