@@ -11,7 +11,7 @@ COPY pyproject.toml README.md ./
 COPY soakd ./soakd
 # The base image's torch satisfies soakd's `torch>=2.2`; pip leaves it alone.
 RUN pip install . \
- && useradd --system --create-home --home-dir /var/lib/soakd --shell /usr/sbin/nologin soakd
+ && useradd --system --uid 10001 --user-group --create-home --home-dir /var/lib/soakd --shell /usr/sbin/nologin soakd
 
 USER soakd
 WORKDIR /var/lib/soakd

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import threading
 import time
 from typing import Any
 
@@ -22,7 +23,7 @@ from bench.seed_harness import LocalInferenceBenchmarker
 from soakd.config import load_config
 from soakd.load.engine import Engine
 from soakd.models.loader import load_model
-from soakd.runner import warm_up
+from soakd.targets.local import LocalModelTarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.workload.shapes import ShapeSource
 
@@ -33,8 +34,9 @@ def soak(spec: str, device: str, shapes: str, seconds: float, **ov: Any) -> tupl
     cfg = load_config(None, overrides)
     model = load_model(spec, device)
     source = ShapeSource(shapes, pool=cfg.input.pool)
-    warm_up(model, source, 20, cfg.batcher.max_batch_size)
-    engine = Engine(model.fn, model.device, source, cfg, Metrics())
+    target = LocalModelTarget(model.fn, model.device, instances=cfg.batcher.instances)
+    target.warm_up([t for _, t in source.warmup_inputs()], 20, cfg.batcher.max_batch_size, threading.Event())
+    engine = Engine(target, source, cfg, Metrics())
     engine.start()
     time.sleep(seconds)
     engine.stop()

@@ -25,7 +25,7 @@ from PIL import Image
 from soakd.config import load_config
 from soakd.load.engine import Engine
 from soakd.models.loader import load_model
-from soakd.runner import warm_up
+from soakd.targets.local import LocalModelTarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.workload.preprocess import decode_image
 from soakd.workload.sources import build_source
@@ -71,8 +71,9 @@ def stage_shares(seconds: float, workers: int, concurrency: int) -> None:
                                  "input.preprocess_workers": workers, "load.concurrency": concurrency})
         model = load_model(cfg.model.spec, "cpu")
         source = build_source(cfg, model.default_shape, model.dtype)
-        warm_up(model, source, 5, cfg.batcher.max_batch_size)
-        engine = Engine(model.fn, model.device, source, cfg, Metrics())
+        target = LocalModelTarget(model.fn, model.device)
+        target.warm_up([t for _, t in source.warmup_inputs()], 5, cfg.batcher.max_batch_size, threading.Event())
+        engine = Engine(target, source, cfg, Metrics())
         engine.start()
         time.sleep(seconds)
         engine.stop()

@@ -18,6 +18,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -88,6 +89,52 @@ def core_share(devices: list[int], seconds: float, interval: float) -> tuple[flo
     return per_tick, live
 
 
+def gpu_call_costs(dev: int, samples: int) -> dict[str, dict[str, Any]]:
+    """Median and p99 µs of each GPU call soakd's samplers make (torch allocator, snapshot job,
+    each NVML query); ``{"error": ...}`` for a call this GPU or driver does not answer."""
+    out: dict[str, dict[str, Any]] = {}
+
+    def timed(label: str, fn: Callable[[], object]) -> None:
+        med, p99 = timings(fn, samples)
+        out[label] = {"median": round(med * 1e6, 2), "p99": round(p99 * 1e6, 2)}
+
+    backend = TorchCuda()
+    timed("torch.cuda.memory_stats()", lambda: backend.memory_stats(dev))
+    timed("torch.cuda.mem_get_info()", lambda: backend.mem_get_info(dev))
+    timed("torch.cuda.memory_snapshot()", backend.memory_snapshot)
+    snap = TorchCudaSnapshotSampler(Metrics(), [dev])
+    snap.open()
+    timed("snapshot sampler (largest free)", snap.sample)
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVML absent: say so, the bench goes on
+        out["nvml"] = {"error": str(exc)}
+        return out
+    h = pynvml.nvmlDeviceGetHandleByIndex(dev)
+    nv_calls: list[tuple[str, Callable[[], object]]] = [
+        ("nvmlDeviceGetMemoryInfo v2", lambda: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)),
+        ("nvmlDeviceGetMemoryInfo", lambda: pynvml.nvmlDeviceGetMemoryInfo(h)),
+        ("nvmlDeviceGetComputeRunningProcesses", lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(h)),
+        ("nvmlDeviceGetUtilizationRates", lambda: pynvml.nvmlDeviceGetUtilizationRates(h)),
+        ("nvmlDeviceGetClockInfo SM", lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)),
+        ("nvmlDeviceGetPowerUsage", lambda: pynvml.nvmlDeviceGetPowerUsage(h)),
+        ("nvmlDeviceGetTotalEnergyConsumption", lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(h)),
+        ("nvmlDeviceGetTemperature", lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)),
+        ("nvmlDeviceGetCurrentClocksEventReasons", lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)),
+    ]
+    try:
+        for label, nv_fn in nv_calls:
+            try:
+                timed(label, nv_fn)
+            except pynvml.NVMLError as exc:
+                out[label] = {"error": str(exc)}
+    finally:
+        pynvml.nvmlShutdown()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=2000)
@@ -130,45 +177,13 @@ def main() -> None:
           f"({per_tick * 1e3:.2f} ms CPU per tick of {live} live sources, APScheduler included; goal < 1%)")
 
     if cuda:
-        dev = devices[0]
         xs = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in [1 << 16, 3 << 20, 12 << 20] * 50]
-        backend = TorchCuda()
         print("\n4. GPU call costs")
-        for label, fn in [("torch.cuda.memory_stats()", lambda: backend.memory_stats(dev)),
-                          ("torch.cuda.mem_get_info()", lambda: backend.mem_get_info(dev)),
-                          ("torch.cuda.memory_snapshot()", backend.memory_snapshot)]:
-            med, p99 = timings(fn, min(args.samples, 500))
-            print(f"  {label:<30}{us(med)}   {us(p99)}")
-        snap = TorchCudaSnapshotSampler(Metrics(), devices)
-        snap.open()
-        med, p99 = timings(snap.sample, min(args.samples, 500))
-        print(f"  {'snapshot sampler (largest free)':<30}{us(med)}   {us(p99)}")
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            h = pynvml.nvmlDeviceGetHandleByIndex(0)
-            nv_calls: list[tuple[str, Callable[[], object]]] = [
-                ("nvmlDeviceGetMemoryInfo v2",
-                 lambda: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)),
-                ("nvmlDeviceGetComputeRunningProcesses",
-                 lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(h)),
-                ("nvmlDeviceGetUtilizationRates", lambda: pynvml.nvmlDeviceGetUtilizationRates(h)),
-                ("nvmlDeviceGetPowerUsage", lambda: pynvml.nvmlDeviceGetPowerUsage(h)),
-                ("nvmlDeviceGetTotalEnergyConsumption",
-                 lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(h)),
-                ("nvmlDeviceGetCurrentClocksEventReasons",
-                 lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)),
-            ]
-            for label, nv_fn in nv_calls:
-                try:
-                    med, p99 = timings(nv_fn, min(args.samples, 500))
-                    print(f"  {label:<40}{us(med)}   {us(p99)}")
-                except pynvml.NVMLError as exc:
-                    print(f"  {label:<40} not supported: {exc}")
-            pynvml.nvmlShutdown()
-        except Exception as exc:  # NVML absent: say so, the bench goes on
-            print(f"  NVML: {exc}")
+        for label, got in gpu_call_costs(devices[0], min(args.samples, 500)).items():
+            if "error" in got:
+                print(f"  {label:<40} not supported: {got['error']}")
+            else:
+                print(f"  {label:<40}{us(got['median'] / 1e6)}   {us(got['p99'] / 1e6)}")
         del xs
 
 

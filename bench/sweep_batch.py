@@ -14,8 +14,8 @@ import sys
 
 import torch
 
-from soakd.analysis.sweep import sweep_command
 from soakd.config import load_config
+from soakd.run.sweep import sweep_command
 
 
 def main() -> int:

@@ -1,3 +1,3 @@
-from soakd.cli import main
+from soakd.cli import entry
 
-raise SystemExit(main())
+entry()

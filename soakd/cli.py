@@ -6,13 +6,18 @@ Exit codes: the table in :mod:`soakd.errors`.
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import logging
+import os
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
-from soakd.errors import ConfigError, Exit, SoakdError
+import soakd
+from soakd.config import load_config
+from soakd.errors import ConfigError, Exit, RunFailed, SoakdError
 
 # `soakd run` flag -> config key path. Flags override the config file.
 RUN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -91,14 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("files", metavar="FILE", nargs="+")
 
     # ---- report / compare (issue: reports and gates)
-    report = sub.add_parser("report", help="summarise a run from its state dir")
-    report.add_argument("--state-dir", required=True, metavar="DIR")
+    report = sub.add_parser("report", help="summarise a run from its state dir, or a fleet of runs")
+    where = report.add_mutually_exclusive_group(required=True)
+    where.add_argument("--state-dir", metavar="DIR")
+    where.add_argument("--fleet", nargs="+", metavar="SRC",
+                       help="one soak per GPU: state dirs and report/summary/fleet JSONs; exit 1 when any GPU fails")
     report.add_argument("--run-id", metavar="ID", help="default: the most recent run")
     report.add_argument("--format", choices=("json", "html", "md"), default="json")
     report.add_argument("--output", metavar="FILE", help="default: stdout")
     report.add_argument("--config", metavar="FILE", help="SLOs to check")
 
-    compare = sub.add_parser("compare", help="compare two run summaries; exit 1 on a regression")
+    compare = sub.add_parser("compare", help="compare two run summaries (or two fleet reports); exit 1 on a regression")
     compare.add_argument("a", metavar="A.json")
     compare.add_argument("b", metavar="B.json")
     compare.add_argument("--config", metavar="FILE", help="regression thresholds")
@@ -106,9 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from soakd import __version__
-
-    return f"soakd {__version__}"
+    return f"soakd {soakd.__version__}"
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -123,44 +129,86 @@ def _overrides(ns: argparse.Namespace) -> dict[str, Any]:
     return {key: getattr(ns, key) for key, _ in RUN_FLAGS.values() if getattr(ns, key, None) is not None}
 
 
+COMMANDS = ("run", "sweep", "analyze", "report", "compare", "check-config")
+
+
+def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found: argparse.ArgumentParser = action.choices[command]
+            return found
+    return parser  # pragma: no cover - build_parser always adds the subcommands
+
+
+def _check_flags(args: Sequence[str], parser: argparse.ArgumentParser) -> None:
+    """Before argparse (whose 'required' errors would hide a typo): every ``--flag`` must be one
+    of the subcommand's or a prefix of just one; else name the closest."""
+    flags = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    for arg in args:
+        if arg == "--":
+            break
+        name = arg.split("=", 1)[0]
+        if not name.startswith("--") or name in flags or sum(f.startswith(name) for f in flags) == 1:
+            continue
+        parser.error(f"unrecognized argument {name}{_did_you_mean(name, flags)}")
+
+
+def _parse(parser: argparse.ArgumentParser, args: list[str]) -> argparse.Namespace:
+    """A bare ``soakd`` (or ``soakd --flags``) is ``soakd run``; an unknown first word is a
+    mistyped subcommand, not a flag of ``run``: name the subcommands and the closest one."""
+    first = next((a for a in args if a not in ("-v", "--verbose")), None)
+    if first is None or (first.startswith("-") and first not in ("-h", "--help", "--version")):
+        args.insert(args.index(first) if first is not None else len(args), "run")
+        first = "run"
+    if first not in COMMANDS and not first.startswith("-"):
+        parser.error(f"unknown command {first!r}{_did_you_mean(first, COMMANDS)}; "
+                     f"commands: {', '.join(COMMANDS)} (soakd --help)")
+    if first in COMMANDS:
+        at = args.index(first)
+        _check_flags(args[at + 1:], _subparser(parser, first))
+    return parser.parse_args(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = list(sys.argv[1:] if argv is None else argv)
-    commands = {"run", "check-config", "sweep", "analyze", "report", "compare"}
-    first = next((a for a in args if a not in ("-v", "--verbose")), None)
-    if first is None or (first not in commands and first not in ("-h", "--help", "--version")):
-        args.insert(args.index(first) if first is not None else len(args), "run")  # bare `soakd` runs
-    ns = parser.parse_args(args)
+    ns = _parse(parser, list(sys.argv[1:] if argv is None else argv))
     _setup_logging(ns.verbose)
     command = ns.command
 
-    from soakd.config import load_config
-
+    # Each subcommand imports only what it runs: `analyze` and `check-config` start without torch.
     try:
         if command == "check-config":
             cfg = load_config(ns.file)
             print(f"{ns.file}: ok")
             return Exit.OK
         if command == "analyze":
-            from soakd.analysis.offline import analyze_command
+            from soakd.analysis.offline import analyze_command  # lazy: only the subcommand's own modules load
 
             return analyze_command(ns)
         if command == "report":
-            from soakd.report.command import report_command
+            from soakd.report.command import report_command  # lazy: only the subcommand's own modules load
 
             return report_command(ns)
         if command == "compare":
-            from soakd.report.compare import compare_command
+            from soakd.report.command import compare_command  # lazy: only the subcommand's own modules load
 
             return compare_command(ns)
         cfg = load_config(ns.config, _overrides(ns))
         if command == "sweep":
-            from soakd.analysis.sweep import sweep_command
+            from soakd.run.sweep import sweep_command  # lazy: only the subcommand's own modules load
 
             return sweep_command(cfg, ns)
-        from soakd.runner import run
+        from soakd.run.session import run  # lazy: only the subcommand's own modules load
 
         return run(cfg)
+    except RunFailed as exc:
+        print(f"soakd: error: {exc}", file=sys.stderr)
+        return Exit.CRASH
     except SoakdError as exc:
         kind = "config error" if isinstance(exc, ConfigError) else "error"
         print(f"soakd: {kind}: {exc}", file=sys.stderr)
@@ -171,3 +219,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             return Exit.USAGE
         logging.getLogger("soakd").exception("soakd crashed")
         return Exit.CRASH
+
+
+def entry() -> None:
+    """The ``soakd`` command. Exits even when user code (a model factory) left non-daemon
+    threads running, which would otherwise keep the process alive after the run has ended."""
+    code = main()
+    stray = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    if stray:
+        logging.getLogger("soakd").warning("exiting past %d thread(s) left running by user code: %s",
+                                           len(stray), ", ".join(sorted(stray)[:5]))
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(code))
+    sys.exit(code)

@@ -68,6 +68,9 @@ class ModelConfig:
     spec: str = "builtin:convnet"
     device: str = "auto"
     warmup: int = 50
+    # After warm-up: the model alone at the max batch size for this long (0: skip), the figure
+    # soakd's achieved throughput is held against (soakd_model_offline_rps).
+    offline_probe: float = _duration(1.0, allow_zero=True)
     dtype: str = "float32"
     # Keyword arguments for builtin and python factories (e.g. a test model's stall period).
     options: dict[str, Any] = field(default_factory=dict)
@@ -81,8 +84,13 @@ class LoadConfig:
     burstiness: float = 1.0  # gamma arrivals: squared coefficient of variation of the gaps
     max_inflight: int = 1024  # open loop: requests beyond this are dropped, not delayed
     duration: float | None = _duration(None)  # None: run until stopped
-    drain_timeout: float = _duration(30.0)
+    drain_timeout: float = _duration(10.0)  # what is still queued then is dropped (counted)
     seed: int = 0
+
+    @property
+    def open_loop(self) -> bool:
+        """A rate means open loop; otherwise closed loop. Every part asks here."""
+        return self.rate is not None
 
 
 @dataclass
@@ -220,10 +228,6 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    @property
-    def closed_loop(self) -> bool:
-        return self.load.rate is None
-
 
 # --------------------------------------------------------------------------- loading
 
@@ -351,12 +355,9 @@ def _require(cond: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-_SHAPE_ITEM_RE = re.compile(r"^\d+(x\d+)*(=\d+(\.\d*)?)?$")
-
-
 def validate(cfg: Config) -> None:
     """Cross-field and range checks; raises ConfigError naming the key path."""
-    from soakd.models.spec import check_model_spec  # local: keeps torch out of config import
+    from soakd.models.spec import check_model_input, check_model_spec  # local: keeps torch out of config import
 
     check_model_spec(cfg.model.spec)
     _require(
@@ -398,11 +399,13 @@ def validate(cfg: Config) -> None:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     elif cfg.input.shapes:
-        for item in cfg.input.shapes.replace(" ", "").split(","):
-            _require(
-                bool(_SHAPE_ITEM_RE.match(item)),
-                f"input.shapes: cannot parse {item!r} (use e.g. 3x224x224 or 3x224x224=0.6,3x96x96=0.4)",
-            )
+        from soakd.workload.shape_spec import parse_shape_mix  # torch-free, like parse_seq_spec
+
+        try:
+            parse_shape_mix(cfg.input.shapes)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    check_model_input(cfg.model.spec, cfg.input.shapes, cfg.input.samples)
     if cfg.input.samples is not None:
         _require(Path(cfg.input.samples).is_dir(), f"input.samples: {cfg.input.samples}: no such directory")
     _require(

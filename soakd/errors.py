@@ -34,3 +34,7 @@ class StateError(SoakdError):
 
 class ModelLoadError(SoakdError, RuntimeError):
     """The model could not be loaded, or rejects the configured input; the message names the spec."""
+
+
+class RunFailed(Exception):
+    """The run could not go on (a model worker thread ended): one line, exit 3, no traceback."""

@@ -29,7 +29,7 @@ def cpu_model() -> str:
 
 def nvidia_driver_version() -> str | None:
     try:
-        import pynvml
+        import pynvml  # optional at run time: a CPU host may lack the NVIDIA library
 
         pynvml.nvmlInit()
         try:
@@ -47,6 +47,18 @@ def device_name(device: torch.device) -> str:
     return cpu_model()
 
 
+def model_identity(model_spec: str) -> str:
+    """What ``model_sha256`` is a hash of: the file for a model that has one; for a builtin, which
+    has none, its spec and options, the soakd version and its (seeded) state_dict."""
+    kind = model_spec.partition(":")[0]
+    if kind == "builtin":
+        return (f"{model_spec} (no file): sha256 of the spec, model.options, soakd {soakd.__version__} "
+                "and the state_dict (weights seeded, the same every run)")
+    if kind == "python":
+        return f"{model_spec}: sha256 of the Python file that defines the factory"
+    return f"{model_spec}: sha256 of the model file"
+
+
 def fingerprint(cfg: Config, *, run_id: str, model_spec: str, model_sha256: str, device: torch.device,
                 input_desc: str) -> dict[str, Any]:
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None  # type: ignore[no-untyped-call]
@@ -55,6 +67,7 @@ def fingerprint(cfg: Config, *, run_id: str, model_spec: str, model_sha256: str,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "model": model_spec,
         "model_sha256": model_sha256,
+        "model_identity": model_identity(model_spec),
         "input": input_desc,
         "device": str(device),
         "device_name": device_name(device),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -23,7 +25,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:  # not `in item.keywords`: a checkout named gpu/
             item.add_marker(skip)
 
 
@@ -32,6 +34,27 @@ def _run_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test (and every soakd it starts) runs in its own folder: a default ./soakd-state or
     summary file lands there, never in the checkout."""
     monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def _restore_global_state() -> Iterator[None]:
+    """What an in-process soakd changes for the whole interpreter is put back after each test:
+    root logging handlers and level, the SIGINT/SIGTERM/SIGHUP handlers, and the GIL switch
+    interval (open loop shortens it)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    switch = sys.getswitchinterval()
+    yield
+    for h in list(root.handlers):
+        if h not in handlers:
+            root.removeHandler(h)
+            h.close()
+    root.setLevel(level)
+    for s, h in signals.items():
+        if signal.getsignal(s) is not h:
+            signal.signal(s, h)
+    sys.setswitchinterval(switch)
 
 
 def free_port() -> int:

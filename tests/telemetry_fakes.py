@@ -1,4 +1,6 @@
-"""Fake telemetry backends built from the recorded answers in tests/fixtures/."""
+"""Fake telemetry backends answering with recorded data: from a real device where
+bench/gpu_check.sh recorded one (tests/fixtures/recorded/<gpu>/), else from the synthetic
+answers in tests/fixtures/ (kept for the cases no device showed: an old driver, no driver)."""
 
 from __future__ import annotations
 
@@ -13,10 +15,40 @@ from typing import Any
 import pynvml
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+RECORDED = FIXTURES / "recorded"  # one folder per device, as bench/gpu_check.sh writes them
 
 
 def load_json(name: str) -> Any:
+    """The synthetic fixture tests/fixtures/NAME."""
     return json.loads((FIXTURES / name).read_text())
+
+
+def recorded_dir(root: Path | None = None) -> Path | None:
+    """The device folder the fakes answer from: $SOAKD_FIXTURES names one under ``root``
+    ("synthetic": none), else the first folder by name; None when no device was recorded."""
+    root = RECORDED if root is None else root
+    choice = os.environ.get("SOAKD_FIXTURES")
+    if choice == "synthetic":
+        return None
+    if choice:
+        if not (root / choice).is_dir():
+            raise FileNotFoundError(f"SOAKD_FIXTURES={choice}: no folder {root / choice}")
+        return root / choice
+    folders = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    return folders[0] if folders else None
+
+
+def fixture_json(name: str, root: Path | None = None) -> Any:
+    """The answer NAME as a device recorded it, else the synthetic one. NVML answers a device
+    cannot give (``no_driver``) are taken from the synthetic file."""
+    folder = recorded_dir(root)
+    if folder is None or not (folder / name).exists():
+        return load_json(name)
+    got = json.loads((folder / name).read_text())
+    if name == "nvml_answers.json":
+        synthetic = {k: v for k, v in load_json(name).items() if k != "_comment"}
+        return {**synthetic, **got}
+    return got
 
 
 class FakeCuda:
@@ -24,10 +56,12 @@ class FakeCuda:
 
     def __init__(self, stats: dict[str, int] | None = None,
                  free_total: tuple[int, int] = (60 << 30, 80 << 30),
-                 snapshot: list[dict[str, Any]] | None = None, available: bool = True) -> None:
-        self.stats = dict(stats if stats is not None else load_json("torch_memory_stats.json"))
+                 snapshot: list[dict[str, Any]] | None = None, available: bool = True,
+                 root: Path | None = None) -> None:
+        """``root``: where recorded device folders live (default tests/fixtures/recorded)."""
+        self.stats = dict(stats if stats is not None else fixture_json("torch_memory_stats.json", root))
         self.free_total = free_total
-        self.snapshot = snapshot if snapshot is not None else load_json("torch_memory_snapshot.json")
+        self.snapshot = snapshot if snapshot is not None else fixture_json("torch_memory_snapshot.json", root)
         self.available = available
         self.calls: list[str] = []
 
@@ -47,13 +81,13 @@ class FakeCuda:
 
 class FakeNvml:
     """The pynvml functions NvmlSampler calls, answering from nvml_answers.json and raising
-    pynvml's real NVMLError subclasses."""
+    pynvml's real NVMLError subclasses (NOT_SUPPORTED for a key in a GPU's "unsupported")."""
 
     NVMLError = pynvml.NVMLError
 
     def __init__(self, pid: int, answers: dict[str, Any] | None = None, init_error: int | None = None,
-                 block: threading.Event | None = None) -> None:
-        self.answers = answers if answers is not None else load_json("nvml_answers.json")
+                 block: threading.Event | None = None, root: Path | None = None) -> None:
+        self.answers = answers if answers is not None else fixture_json("nvml_answers.json", root)
         self.pid = pid
         self.init_error = init_error
         self.block = block  # when set: nvmlDeviceGetMemoryInfo waits on it (a hung driver)
@@ -100,24 +134,24 @@ class FakeNvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[SimpleNamespace]:
         return [SimpleNamespace(pid=self.pid if p["pid"] == "SELF" else p["pid"],
-                                usedGpuMemory=p["usedGpuMemory"]) for p in self._gpu(h)["processes"]]
+                                usedGpuMemory=p["usedGpuMemory"]) for p in self._check(h, "processes")["processes"]]
 
     def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace:
-        return SimpleNamespace(**self._gpu(h)["utilization"])
+        return SimpleNamespace(**self._check(h, "utilization")["utilization"])
 
     def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:
         assert clock == pynvml.NVML_CLOCK_SM
-        return int(self._gpu(h)["sm_clock_mhz"])
+        return int(self._check(h, "sm_clock_mhz")["sm_clock_mhz"])
 
     def nvmlDeviceGetPowerUsage(self, h: int) -> int:
         return int(self._check(h, "power")["power_mw"])
 
     def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:
-        return int(self._gpu(h)["energy_mj"])
+        return int(self._check(h, "energy_mj")["energy_mj"])
 
     def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
         assert sensor == pynvml.NVML_TEMPERATURE_GPU
-        return int(self._gpu(h)["temperature_c"])
+        return int(self._check(h, "temperature_c")["temperature_c"])
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
         g = self._check(h, "clock_event_reasons", pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)

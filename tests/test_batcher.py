@@ -6,7 +6,7 @@ import threading
 import time
 
 from soakd.load.batcher import Batcher
-from soakd.load.request import Request
+from soakd.request import Request
 
 
 def req(key: object, t: float | None = None) -> Request:

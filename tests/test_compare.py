@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from soakd.config import CompareConfig
-from soakd.report.compare import Comparison, block_bootstrap_ci, compare_command, print_comparison
+from soakd.report.command import compare_command
+from soakd.report.compare import Comparison, block_bootstrap_ci, print_comparison
 from tests.report_runs import runs, soakd
 
 
@@ -62,13 +63,27 @@ class TestNoise:
         assert judged(a, b).regressions == []
         assert judged(a, b, CompareConfig(max_throughput_drop=0.01)).regressions == ["throughput"]
 
-    def test_without_windows_the_threshold_alone_decides(self) -> None:
-        """Summaries without per-window data are judged on the threshold, and the output says so."""
+    def test_without_any_noise_estimate_it_cannot_tell(self) -> None:
+        """Summaries with neither per-window data nor request counts: a change past the
+        threshold is 'cannot tell', not a regression, and the output says why."""
+        a, b = doc([1000.0] * 3, [10.0] * 3), doc([800.0] * 3, [10.0] * 3)
+        del a["windows"], b["windows"], a["requests"], b["requests"]
+        cmp = judged(a, b)
+        assert cmp.regressions == []
+        assert cmp.rows[0].verdict == "cannot tell" and cmp.undecided == ["throughput"]
+        assert "no noise estimate" in cmp.rows[0].note
+        out = io.StringIO()
+        print_comparison(cmp, "A", "B", out)
+        assert "no regression found; cannot tell for throughput" in out.getvalue()
+
+    def test_without_windows_the_counts_decide(self) -> None:
+        """The same 20% drop, with 3000 and 2400 ok requests: their Poisson error (2%) is far
+        smaller, so it is a regression, judged on the counts."""
         a, b = doc([1000.0] * 3, [10.0] * 3), doc([800.0] * 3, [10.0] * 3)
         del a["windows"], b["windows"]
         cmp = judged(a, b)
         assert cmp.regressions == ["throughput"]
-        assert "no per-window data" in cmp.rows[0].note
+        assert "Poisson error of the ok counts" in cmp.rows[0].interval
 
     def test_block_bootstrap_interval_covers_the_difference(self) -> None:
         """The interval of the mean difference brackets the true shift and excludes zero when it is large."""

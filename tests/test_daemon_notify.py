@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from soakd.daemon import Notifier
+from soakd.run.systemd import Notifier
 from tests.conftest import scrape, wait_for
 
 

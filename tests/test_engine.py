@@ -11,6 +11,7 @@ import torch
 from soakd.config import load_config
 from soakd.load.engine import Engine
 from soakd.models.loader import load_model
+from soakd.targets.local import LocalModelTarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.workload.shapes import ShapeSource
 
@@ -21,7 +22,8 @@ def run_engine(seconds: float, spec: str = "builtin:noop", options: dict[str, An
     cfg = load_config(None, {"model.spec": spec, "model.device": "cpu", "input.shapes": shapes, **ov})
     cfg.model.options = options or {}
     model = load_model(cfg.model.spec, "cpu", options=cfg.model.options)
-    engine = Engine(model.fn, model.device, ShapeSource(shapes), cfg, Metrics())
+    engine = Engine(LocalModelTarget(model.fn, model.device, instances=cfg.batcher.instances), ShapeSource(shapes), cfg,
+                    Metrics())
     engine.start()
     time.sleep(seconds)
     assert engine.stop(drain_timeout=10.0), "engine did not drain"
@@ -102,7 +104,7 @@ def test_model_errors_are_counted_and_the_soak_goes_on() -> None:
 
     cfg = load_config(None, {"model.spec": "builtin:noop", "input.shapes": "4", "load.concurrency": "2",
                              "batcher.max_batch_size": "1"})
-    engine = Engine(flaky, torch.device("cpu"), ShapeSource("4"), cfg, Metrics())
+    engine = Engine(LocalModelTarget(flaky, torch.device("cpu")), ShapeSource("4"), cfg, Metrics())
     engine.start()
     time.sleep(0.5)
     engine.stop()

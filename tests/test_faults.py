@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from soakd.config import load_config
-from soakd.daemon import Health
 from soakd.load.engine import Engine
 from soakd.models.loader import load_model
+from soakd.run.health import Health
+from soakd.targets.local import LocalModelTarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.workload.shapes import ShapeSource
 from tests.conftest import wait_for
@@ -21,7 +22,7 @@ def start_engine(spec: str, options: dict[str, Any], **overrides: Any) -> tuple[
     cfg = load_config(None, {"model.spec": spec, "model.device": "cpu", "input.shapes": "16", **ov})
     model = load_model(spec, "cpu", options=options)
     metrics = Metrics()
-    engine = Engine(model.fn, model.device, ShapeSource("16"), cfg, metrics)
+    engine = Engine(LocalModelTarget(model.fn, model.device), ShapeSource("16"), cfg, metrics)
     engine.start()
     return engine, metrics
 

@@ -97,14 +97,14 @@ def test_verdict_clears_after_the_leak_stops() -> None:
     monitor = LeakMonitor(store, None, fast_leak_config(window=300.0), lambda s: None, events, since=T0)
     run_until(monitor, store, {"host_rss": (t, v)}, 1800.0)
     assert [k for k, _ in events.items] == ["leak_suspected", "leak_cleared"]
-    assert not monitor.verdicts["host_rss"].suspected
+    assert not monitor.verdicts()["host_rss"].suspected
 
 
 def test_unknown_limit_gives_nan_eta(traces: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
     store = SeriesStore()
     monitor = LeakMonitor(store, Metrics(), fast_leak_config(), lambda s: None, since=T0)
     run_until(monitor, store, {"host_rss": traces["host_rss"]}, 900.0)
-    assert math.isnan(monitor.verdicts["host_rss"].eta_seconds)
+    assert math.isnan(monitor.verdicts()["host_rss"].eta_seconds)
 
 
 class FakeCudaHistory:

@@ -86,7 +86,8 @@ def test_corrupt_model_file_is_named(tmp_path: Path) -> None:
     bad.write_bytes(b"not a model")
     with pytest.raises(ModelLoadError, match=r"bad\.pt"):
         load_model(f"torchscript:{bad}", "cpu")
-    res = subprocess.run(soakd_cmd("run", "--model", f"torchscript:{bad}", "--metrics-addr", "127.0.0.1:0"),
+    res = subprocess.run(soakd_cmd("run", "--model", f"torchscript:{bad}", "--input-shapes", "8",
+                                   "--metrics-addr", "127.0.0.1:0"),
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2
     assert "bad.pt" in res.stderr

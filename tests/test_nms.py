@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from soakd.models.detector import Detector
+from soakd.models.boxes import Detector
 from soakd.workload.nms import batched_nms, box_iou, nms
 from soakd.workload.postprocess import PostprocessError, auto, classify, detect, looks_like_detections
 

@@ -108,12 +108,13 @@ def test_port_in_use_is_a_clear_error(daemon_factory) -> None:  # type: ignore[n
 def test_an_unexpected_failure_exits_3_with_its_traceback(monkeypatch: pytest.MonkeyPatch,
                                                            caplog: pytest.LogCaptureFixture) -> None:
     """A bug in soakd itself exits 3, not 1 (SLO missed) or 2 (config): systemd restarts only it."""
-    from soakd import cli, runner
+    from soakd import cli
     from soakd.errors import Exit
+    from soakd.run import session
 
     def broken(cfg: object) -> int:
         raise RuntimeError("sampler state corrupted")
 
-    monkeypatch.setattr(runner, "run", broken)
+    monkeypatch.setattr(session, "run", broken)
     assert cli.main(["run", "--model", "builtin:noop", "--duration", "1s"]) == Exit.CRASH == 3
     assert "soakd crashed" in caplog.text and "RuntimeError: sampler state corrupted" in caplog.text

@@ -19,6 +19,7 @@ from PIL import Image
 
 from soakd.config import load_config
 from soakd.load.engine import Engine
+from soakd.targets.local import LocalModelTarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.workload.preprocess import BadInput, Preprocessor, TextLine, decode_image
 from soakd.workload.samples import BadSampleLog, SampleSource
@@ -206,7 +207,7 @@ def test_text_lines_replay_as_padded_token_batches(tmp_path: Path) -> None:
     cfg = load_config(None, {"input.samples": str(tmp_path), "input.pad": True, "input.postprocess": "none",
                              "load.concurrency": 16, "batcher.max_batch_size": 8})
     shapes: list[tuple[int, ...]] = []
-    engine = Engine(lambda x: shapes.append(tuple(x.shape)) or x, torch.device("cpu"),
+    engine = Engine(LocalModelTarget(lambda x: shapes.append(tuple(x.shape)) or x, torch.device("cpu")),
                     build_source(cfg, None, torch.float32), cfg, Metrics())
     engine.start()
     deadline = time.monotonic() + 60

@@ -12,8 +12,9 @@ import torch
 
 from soakd.config import ConfigError, load_config
 from soakd.load.engine import Engine
-from soakd.load.request import Request
 from soakd.load.stages import pad_collate
+from soakd.request import Request
+from soakd.targets.local import LocalModelTarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.workload.seqlen import SeqLenSource, draw_lengths, parse_seq_spec
 from soakd.workload.shapes import ShapeSource
@@ -88,7 +89,7 @@ class TestPadding:
         cfg = load_config(None, {"input.shapes": "seq:uniform(min=4,max=64)", "input.pad": True,
                                  "load.concurrency": 32, "batcher.max_batch_size": 8, "model.warmup": 0})
         seen: list[tuple[int, ...]] = []
-        engine = Engine(lambda x: seen.append(tuple(x.shape)) or x, torch.device("cpu"),
+        engine = Engine(LocalModelTarget(lambda x: seen.append(tuple(x.shape)) or x, torch.device("cpu")),
                         build_source(cfg, None, torch.float32), cfg, Metrics())
         engine.start()
         deadline = time.monotonic() + 60

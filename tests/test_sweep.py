@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from soakd.analysis.sweep import Mark, bottleneck, find_knee, is_stable, plan, recommend
 from soakd.config import ConfigError, load_config
 from soakd.load.engine import EngineStats
+from soakd.run.sweep import Mark, bottleneck, find_knee, is_stable, plan, recommend
 from soakd.telemetry.histogram import HistSnapshot, LogHistogram
 from tests.conftest import soakd_cmd
 

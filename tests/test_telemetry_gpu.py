@@ -8,8 +8,8 @@ from telemetry_fakes import load_json
 
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.nvml import NvmlSampler
+from soakd.telemetry.pipeline import gpu_uuids
 from soakd.telemetry.series import SeriesStore
-from soakd.telemetry.telemetry import gpu_uuids
 from soakd.telemetry.torch_cuda import TorchCuda, TorchCudaSampler, TorchCudaSnapshotSampler
 
 pytestmark = pytest.mark.gpu

@@ -85,14 +85,14 @@ def test_config_switches_optional_sources(tmp_path: Path) -> None:
 
     from soakd.config import load_config
     from soakd.telemetry.catalogue import Metrics
+    from soakd.telemetry.pipeline import Telemetry, run_samplers
     from soakd.telemetry.series import SeriesStore
-    from soakd.telemetry.telemetry import Telemetry
 
     cfg = load_config(None, {"model.spec": "builtin:noop", "memory.interval": "0.1s",
                              "memory.tracemalloc": "true", "memory.snapshot_interval": "0.2s",
                              "otel.enabled": "false"})
     metrics, series = Metrics(), SeriesStore(100)
-    telemetry = Telemetry(cfg, metrics, series, torch.device("cpu"))
+    telemetry = Telemetry(cfg, metrics, run_samplers(cfg, metrics, series, torch.device("cpu")))
     telemetry.start()
     try:
         wait_for(lambda: telemetry.scheduler.states()["tracemalloc"] == "up", 10, 0.05, "tracemalloc up")

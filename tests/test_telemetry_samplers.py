@@ -1,7 +1,9 @@
 """Samplers read their backends into the catalogue's metrics and the leak series.
 
-Backends are fakes answering with recorded data (tests/fixtures): torch's memory_stats() key
-structure, NVML answers and errors, a procfs tree copied from a real process.
+Backends are fakes answering with recorded data: a device's answers where bench/gpu_check.sh
+recorded them (tests/fixtures/recorded/<gpu>/), else the synthetic ones in tests/fixtures/, which
+also hold the cases no device showed (an older GPU and driver, no driver, counters reset); a
+procfs tree copied from a real process.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from telemetry_fakes import FakeCuda, FakeNvml, clk_tck, fake_proc, load_json, rollup_kb
+from telemetry_fakes import FakeCuda, FakeNvml, clk_tck, fake_proc, fixture_json, load_json, rollup_kb
 
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.gc_stats import GcSampler
@@ -157,7 +159,7 @@ def test_gc_counts_collections_and_times_pauses() -> None:
 
 def test_torch_cuda_reads_every_pool_and_counter() -> None:
     """Bytes per pool, segments, the event counters and both fragmentation ratios from memory_stats()."""
-    stats = load_json("torch_memory_stats.json")
+    stats = fixture_json("torch_memory_stats.json")
     m, series = Metrics(), SeriesStore(100)
     cuda = FakeCuda(stats, free_total=(50 * MiB, 80 * MiB))
     sampler = TorchCudaSampler(m, series, [0], cuda, clock=lambda: 7.0)
@@ -169,11 +171,11 @@ def test_torch_cuda_reads_every_pool_and_counter() -> None:
         for pool, tpool in [("all", "all"), ("large", "large_pool"), ("small", "small_pool")]:
             got = value(m, f"soakd_torch_cuda_{name}_bytes", device="cuda:0", pool=pool)
             assert got == stats[f"{key}.{tpool}.current"], (name, pool)
-    assert value(m, "soakd_torch_cuda_segments", device="cuda:0", pool="large") == 6
-    assert value(m, "soakd_torch_cuda_alloc_retries_total", device="cuda:0") == 2
-    assert value(m, "soakd_torch_cuda_ooms_total", device="cuda:0") == 1
-    assert value(m, "soakd_torch_cuda_device_allocs_total", device="cuda:0") == 14
-    assert value(m, "soakd_torch_cuda_device_frees_total", device="cuda:0") == 6
+    assert value(m, "soakd_torch_cuda_segments", device="cuda:0", pool="large") == stats["segment.large_pool.current"]
+    assert value(m, "soakd_torch_cuda_alloc_retries_total", device="cuda:0") == stats["num_alloc_retries"]
+    assert value(m, "soakd_torch_cuda_ooms_total", device="cuda:0") == stats["num_ooms"]
+    assert value(m, "soakd_torch_cuda_device_allocs_total", device="cuda:0") == stats["num_device_alloc"]
+    assert value(m, "soakd_torch_cuda_device_frees_total", device="cuda:0") == stats["num_device_free"]
     allocated, reserved = stats["allocated_bytes.all.current"], stats["reserved_bytes.all.current"]
     assert value(m, "soakd_torch_cuda_fragmentation_ratio", device="cuda:0", kind="reserved_unallocated") == \
         pytest.approx(1 - allocated / reserved)
@@ -186,7 +188,7 @@ def test_torch_cuda_reads_every_pool_and_counter() -> None:
 
 def test_torch_cuda_older_torch_without_num_device_alloc_uses_segment_totals() -> None:
     """Before num_device_alloc existed, cudaMalloc/cudaFree counts are the segment totals."""
-    stats = {k: v for k, v in load_json("torch_memory_stats.json").items() if not k.startswith("num_device")}
+    stats = {k: v for k, v in fixture_json("torch_memory_stats.json").items() if not k.startswith("num_device")}
     m = Metrics()
     TorchCudaSampler(m, None, [0], FakeCuda(stats)).sample()
     assert value(m, "soakd_torch_cuda_device_allocs_total", device="cuda:0") == stats["segment.all.allocated"]
@@ -221,9 +223,10 @@ def test_torch_cuda_absent_on_cpu_model_and_without_cuda() -> None:
 
 
 def test_snapshot_gives_largest_free_block() -> None:
-    """The largest inactive block across the device's segments (a fully free 20 MiB segment here)."""
+    """The largest inactive block across the device's segments (a fully free 20 MiB segment in
+    the synthetic snapshot, made for this case)."""
     m = Metrics()
-    sampler = TorchCudaSnapshotSampler(m, [0], FakeCuda())
+    sampler = TorchCudaSnapshotSampler(m, [0], FakeCuda(snapshot=load_json("torch_memory_snapshot.json")))
     sampler.open()
     sampler.sample()
     assert value(m, "soakd_torch_cuda_largest_free_block_bytes", device="cuda:0") == 20 * MiB
@@ -235,37 +238,55 @@ def test_snapshot_gives_largest_free_block() -> None:
 def test_nvml_reads_every_field_per_gpu() -> None:
     """Memory (v2 with reserved), our process's memory, utilization, clock, power, energy, temperature."""
     nv = FakeNvml(pid=os.getpid())
+    g = nv.answers["gpus"][0]
     m, series = Metrics(), SeriesStore(100)
-    h100_uuid = "GPU-6f2c5bd3-9a1e-4c1e-8f0a-2b7d0c9e4a11"
-    sampler = NvmlSampler(m, series, nv, uuids=[h100_uuid], clock=lambda: 3.0)
+    sampler = NvmlSampler(m, series, nv, uuids=[g["uuid"]], clock=lambda: 3.0)
+    sampler.open()
+    sampler.sample()
+    lab = {"gpu": "0", "uuid": g["uuid"]}
+    mem = g["memory_v2"] if "memory_v2" not in g["unsupported"] else g["memory"]
+    assert value(m, "soakd_gpu_memory_used_bytes", **lab) == mem["used"]
+    assert value(m, "soakd_gpu_memory_total_bytes", **lab) == mem["total"]
+    assert value(m, "soakd_gpu_memory_reserved_bytes", **lab) == mem.get("reserved")
+    # Only our pid's entries; another process's memory is not ours.
+    ours = [p["usedGpuMemory"] for p in g["processes"] if p["pid"] == "SELF"]
+    assert value(m, "soakd_gpu_process_memory_bytes", **lab, pid=str(os.getpid())) == (sum(ours) if ours else None)
+    assert value(m, "soakd_gpu_utilization_ratio", **lab) == pytest.approx(g["utilization"]["gpu"] / 100)
+    assert value(m, "soakd_gpu_sm_clock_hertz", **lab) == g["sm_clock_mhz"] * 1e6
+    if "power" not in g["unsupported"]:
+        assert value(m, "soakd_gpu_power_watts", **lab) == pytest.approx(g["power_mw"] / 1e3)
+    assert value(m, "soakd_gpu_energy_joules_total", **lab) == pytest.approx(g["energy_mj"] / 1e3)
+    assert value(m, "soakd_gpu_temperature_celsius", **lab) == g["temperature_c"]
+    for reason, active in clock_event_reasons(g["clock_event_reasons"]).items():
+        assert value(m, "soakd_gpu_clock_event_reason_active", **lab, reason=reason) == int(active), reason
+    # The leak series follow the model's GPU only.
+    assert list(series.read("gpu_memory_used")[1]) == [mem["used"]]
+    assert list(series.read("gpu_process_memory")[1]) == ([sum(ours)] if ours else [])
+    sampler.close()
+    assert nv.shutdown_calls == 1
+
+
+def test_nvml_synthetic_h100_answers_map_to_these_values() -> None:
+    """The hand-made H100 answers, checked against numbers worked out by hand (36 = 0x24: software
+    power cap and software thermal slowdown)."""
+    m = Metrics()
+    sampler = NvmlSampler(m, None, FakeNvml(pid=os.getpid(), answers=load_json("nvml_answers.json")))
     sampler.open()
     sampler.sample()
     h100 = {"gpu": "0", "uuid": "GPU-6f2c5bd3-9a1e-4c1e-8f0a-2b7d0c9e4a11"}
     assert value(m, "soakd_gpu_memory_used_bytes", **h100) == 24932458496
-    assert value(m, "soakd_gpu_memory_total_bytes", **h100) == 85520809984
     assert value(m, "soakd_gpu_memory_reserved_bytes", **h100) == 571277312
-    # Only our pid's entry; the other process's 512 MiB is not ours.
     assert value(m, "soakd_gpu_process_memory_bytes", **h100, pid=str(os.getpid())) == 24360517632
-    assert value(m, "soakd_gpu_utilization_ratio", **h100) == pytest.approx(0.87)
-    assert value(m, "soakd_gpu_sm_clock_hertz", **h100) == 1980e6
     assert value(m, "soakd_gpu_power_watts", **h100) == pytest.approx(412.345)
-    assert value(m, "soakd_gpu_energy_joules_total", **h100) == pytest.approx(987654.321)
-    assert value(m, "soakd_gpu_temperature_celsius", **h100) == 61
-    # 36 = 0x24: software power cap and software thermal slowdown.
     assert value(m, "soakd_gpu_clock_event_reason_active", **h100, reason="sw_power_cap") == 1
     assert value(m, "soakd_gpu_clock_event_reason_active", **h100, reason="sw_thermal_slowdown") == 1
     assert value(m, "soakd_gpu_clock_event_reason_active", **h100, reason="gpu_idle") == 0
-    # The leak series follow the model's GPU only.
-    assert list(series.read("gpu_memory_used")[1]) == [24932458496]
-    assert list(series.read("gpu_process_memory")[1]) == [24360517632]
-    sampler.close()
-    assert nv.shutdown_calls == 1
 
 
 def test_nvml_older_gpu_drops_unsupported_fields_and_keeps_the_rest() -> None:
     """No memory v2, no power, old throttle-reason call: v1 memory, no power series, reasons still mapped."""
     m = Metrics()
-    sampler = NvmlSampler(m, None, FakeNvml(pid=os.getpid()))
+    sampler = NvmlSampler(m, None, FakeNvml(pid=os.getpid(), answers=load_json("nvml_answers.json")))
     sampler.open()
     sampler.sample()
     sampler.sample()  # the second pass does not ask again what the GPU said it cannot answer
@@ -339,7 +360,8 @@ def test_nvml_process_not_listed_adds_no_process_sample() -> None:
 def test_nvml_unknown_model_uuid_falls_back_to_every_gpu() -> None:
     """A model GPU NVML does not name the same way (MIG) makes the used series cover every GPU."""
     series = SeriesStore(100)
-    sampler = NvmlSampler(Metrics(), series, FakeNvml(pid=os.getpid()), uuids=["MIG-1234"])
+    two_gpus = load_json("nvml_answers.json")  # an H100 and a T4: every GPU means both
+    sampler = NvmlSampler(Metrics(), series, FakeNvml(pid=os.getpid(), answers=two_gpus), uuids=["MIG-1234"])
     sampler.open()
     sampler.sample()
     assert list(series.read("gpu_memory_used")[1]) == [24932458496 + 382533632]

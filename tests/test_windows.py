@@ -3,14 +3,19 @@ percentiles close to the data's, and no memory growth however long the soak runs
 
 from __future__ import annotations
 
+import json
+import subprocess
 import tracemalloc
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from soakd.report import windows
-from soakd.report.windows import WindowRecorder, rows_from_windows
+from soakd.report.windows import rows_from_windows
+from soakd.run.windows import WindowRecorder, window_length
 from soakd.telemetry.histogram import HistSnapshot, LogHistogram
+from tests.conftest import free_port, soakd_cmd
 
 
 @dataclass
@@ -116,3 +121,26 @@ def test_rows_from_stored_windows_group_runs_of_windows_exactly() -> None:
     assert rows[0]["seconds"] == 240.0 and rows[-1]["t"] == 6000.0
     assert rows[0]["latency_ms"]["e2e"]["p50"] < 11.5 and rows[-1]["latency_ms"]["e2e"]["p50"] > 35
     assert rows_from_windows([]) == []
+
+
+def test_stored_windows_follow_the_run_length() -> None:
+    """A short soak gets a few dozen stored windows; a long or open-ended one the configured length."""
+    assert window_length(60.0, 90.0, 2.0) * 40 <= 90.0  # the 90 s demo: dozens of points
+    assert window_length(60.0, 24 * 3600.0, 2.0) == 60.0
+    assert window_length(60.0, None, 2.0) == 60.0
+    assert window_length(60.0, 10.0, 2.0) == 2.0  # never shorter than the flush that closes them
+
+
+def test_a_short_soak_report_has_points_to_plot(tmp_path: Path) -> None:
+    """A 12 s soak's report (built by `soakd report` from the state) has at least five windows."""
+    state = tmp_path / "state"
+    (tmp_path / "empty.toml").write_text("")
+    run = subprocess.run(soakd_cmd("run", "--model", "builtin:noop", "--duration", "12s", "--metrics-addr",
+                                   f"127.0.0.1:{free_port()}", "--state-dir", str(state)),
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    rep = subprocess.run(soakd_cmd("report", "--state-dir", str(state), "--format", "json", "--config",
+                                   str(tmp_path / "empty.toml")), cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    assert len(json.loads(rep.stdout)["windows"]) >= 5

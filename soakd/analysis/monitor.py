@@ -86,7 +86,7 @@ class LeakMonitor:
         self.clock = clock
         self.since = clock() if since is None else since  # the run's start: warm-up counts from here
         self.series = tuple(series)
-        self.verdicts: dict[str, Verdict] = {}
+        self._verdicts: dict[str, Verdict] = {}
         self._states: dict[str, Persistence] = {}
         self._lock = threading.Lock()
 
@@ -113,7 +113,12 @@ class LeakMonitor:
                     self._evaluate_one(name, t, v, now)
                 except Exception:  # one bad series must not stop the others
                     log.exception("leak evaluation of %s failed", name)
-            return dict(self.verdicts)
+            return dict(self._verdicts)
+
+    def verdicts(self) -> dict[str, Verdict]:
+        """The latest verdict per judged series (the session reads these, never the gauges). No
+        lock: copying a dict is atomic under the GIL, and /status must not wait for an evaluation."""
+        return dict(self._verdicts)
 
     def _evaluate_one(self, name: str, t: Any, v: Any, now: float) -> None:
         floor = floor_for(name, self.cfg.min_slope_bytes_per_hour)
@@ -122,7 +127,7 @@ class LeakMonitor:
         flipped = state.update(now, j.keeps(state.suspected))
         eta = self._eta(name, j)
         verdict = Verdict(name, state.suspected, j, eta)
-        self.verdicts[name] = verdict
+        self._verdicts[name] = verdict
         self._export(verdict)
         if flipped:
             self._report(verdict, now)  # evidence first: the snapshot needs the ring still on

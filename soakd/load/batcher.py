@@ -8,7 +8,7 @@ import time
 from collections import deque
 from collections.abc import Hashable, Iterable
 
-from soakd.load.request import Request
+from soakd.request import Request
 
 
 class Batcher:
@@ -50,6 +50,14 @@ class Batcher:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+    def drain(self) -> list[Request]:
+        """Everything still queued, removed (the end of a drain that ran out of time)."""
+        with self._cond:
+            left = [r for group in self._groups.values() for r in group]
+            self._groups.clear()
+            self._size = 0
+            return left
 
     def take(self, timeout: float = 0.1) -> list[Request]:
         """Next batch, or ``[]`` when nothing arrived within ``timeout``."""

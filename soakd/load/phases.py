@@ -49,7 +49,7 @@ class PhaseScheduler:
         self.cfg = cfg
         self.engine = engine
         self.set_phase = set_phase
-        self.closed_loop = cfg.load.rate is None
+        self.closed_loop = not cfg.load.open_loop
         target = cfg.load.concurrency if self.closed_loop else cfg.load.rate
         assert target is not None
         self.target = float(target)

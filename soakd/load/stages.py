@@ -22,8 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from soakd.load.batcher import Batcher
-from soakd.load.request import Request
+from soakd.request import Inlet, Request
 from soakd.telemetry.histogram import LogHistogram
 from soakd.workload.samples import BadSampleLog
 
@@ -53,7 +52,7 @@ class PreprocessPool:
         self,
         workers: int,
         preprocess: Callable[[Any], tuple[Any, torch.Tensor]],
-        batcher: Batcher,
+        batcher: Inlet,
         hist: LogHistogram,
         busy_gauge: Any,
         clock: Callable[[], float] = time.perf_counter,

@@ -9,8 +9,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from soakd.models.detector import Detector
+from soakd.models.boxes import Detector
 from soakd.models.leaky import FragmentCuda, LeakCuda, LeakHost
+from soakd.models.seeded import seed_weights
 
 
 class ConvNet(nn.Module):
@@ -25,6 +26,7 @@ class ConvNet(nn.Module):
             nn.Flatten(),
             nn.Linear(64, num_classes),
         )
+        seed_weights(self)  # the same weights every run: a stable fingerprint
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(x)  # type: ignore[no-any-return]

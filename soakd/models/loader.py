@@ -6,6 +6,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -16,14 +17,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from soakd import __version__
 from soakd.config import ConfigError
 from soakd.errors import ModelLoadError
 from soakd.models.builtin import BUILTINS
 from soakd.models.spec import BUILTIN_DEFAULT_SHAPES, ModelSpec, parse_model_spec
 
 BatchFn = Callable[[torch.Tensor], Any]
-
-
 
 
 @dataclass
@@ -60,9 +60,11 @@ def _file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _module_sha256(module: nn.Module, name: str) -> str:
-    """A builtin has no file: hash its name and its parameters and buffers, in order."""
-    h = hashlib.sha256(name.encode())
+def _module_sha256(module: nn.Module, name: str, options: dict[str, Any]) -> str:
+    """A builtin has no file: hash its spec and options, the soakd version that defines it, and
+    its parameters and buffers in order (seeded, so the same on every run; models/seeded.py)."""
+    opts = json.dumps(options, sort_keys=True, default=str)
+    h = hashlib.sha256(f"{name}\0{opts}\0soakd {__version__}\0".encode())
     for key, tensor in module.state_dict().items():
         h.update(key.encode())
         h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
@@ -153,7 +155,7 @@ def load_model(
         fn = module
     if spec.kind == "builtin":
         assert module is not None
-        sha = _module_sha256(module, spec_text)
+        sha = _module_sha256(module, spec_text, options)
     else:
         path = spec.path
         if spec.kind == "python" and path is None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from soakd.errors import ConfigError
+
 KINDS = ("builtin", "torchscript", "export", "python")
 
 # Builtin model names and their default input shape (one request, no batch dimension).
@@ -59,8 +61,6 @@ def parse_model_spec(spec: str) -> ModelSpec:
 
 def check_model_spec(spec: str) -> ModelSpec:
     """Parse and check what can be checked before loading: builtin names, files that exist."""
-    from soakd.config import ConfigError
-
     try:
         parsed = parse_model_spec(spec)
     except ModelSpecError as exc:
@@ -73,3 +73,14 @@ def check_model_spec(spec: str) -> ModelSpec:
     if path is not None and not path.is_file():
         raise ConfigError(f"model.spec: {path}: model file not found")
     return parsed
+
+
+def check_model_input(spec: str, shapes: str, samples: str | None) -> None:
+    """A model file carries no input shape soakd can read before loading it: a TorchScript or
+    torch.export model needs ``input.shapes`` (or ``input.samples``), or every run fails at
+    warm-up. Builtins have defaults; a python factory may set ``soakd_input_shape``."""
+    kind = spec.partition(":")[0]
+    if kind in ("torchscript", "export") and not shapes.strip() and samples is None:
+        raise ConfigError(
+            f"input.shapes: {spec} has no default input shape; give one per request "
+            "(--input-shapes 3x224x224, or [input] shapes = \"3x224x224\") or --samples DIR")

@@ -1,4 +1,5 @@
-"""Reports on a run recorded in a state dir: the data (``data.py``), and the command that formats it."""
+"""Reports on runs recorded in state dirs: pure documents (``data.py``, ``document.py``, renderers,
+``compare.py``, ``fleet.py``) and the commands that read their inputs (``command.py``, ``sources.py``)."""
 
 from soakd.report.data import RunNotFound, load_run_report
 

@@ -1,63 +1,77 @@
-"""``soakd report``: a run's report from its state dir, as JSON, self-contained HTML or Markdown."""
+"""``soakd report`` and ``soakd compare``: the commands, reading their inputs from disk; the
+documents themselves are built by the pure modules beside this one."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
+from typing import TextIO
 
+from soakd.config import CompareConfig, load_config
 from soakd.errors import Exit
-from soakd.report.data import RunNotFound, load_run_report
+from soakd.report.compare import Comparison, load_result, print_comparison
+from soakd.report.data import run_report
+from soakd.report.document import build_report
+from soakd.report.fleet import compare_fleets, fleet_command, is_fleet
+from soakd.report.sources import load_state, saved_summary
+from soakd.summary import write_json_atomic, write_text_private
 
 
 def report_command(ns: argparse.Namespace) -> int:
-    if ns.format != "json" or ns.config:
-        return _full_report(ns)
-    try:
-        report = load_run_report(ns.state_dir, ns.run_id)
-    except RunNotFound as exc:
-        print(f"soakd: error: {exc}", file=sys.stderr)
-        return Exit.USAGE
-    text = json.dumps(report, indent=2, allow_nan=False, default=str) + "\n"
-    if ns.output:
-        from soakd.summary import write_json_atomic
-
-        write_json_atomic(ns.output, report)
-    else:
-        sys.stdout.write(text)
-    return Exit.OK
-
-
-def _full_report(ns: argparse.Namespace) -> int:
-    """HTML and Markdown (and JSON with --config): the report with plots' data, memory verdicts
-    and SLO checks (``--config``'s ``[slo]``, else the run's own). With --config the exit code
-    is the gate's: 1 when an SLO is missed."""
-    from soakd.config import load_config
-    from soakd.report.document import build_report
-
+    """Plain JSON: the state's own figures. HTML and Markdown (and JSON with --config): the report
+    with plots' data, memory verdicts and SLO checks (``--config``'s ``[slo]``, else the run's
+    own). With --config the exit code is the gate's: 1 when an SLO is missed. A missing or
+    damaged state database is a StateError (exit 2, naming the file). ``--fleet``: many runs,
+    one table per GPU (:mod:`soakd.report.fleet`)."""
+    if getattr(ns, "fleet", None):
+        return fleet_command(ns)
     slo = load_config(ns.config).slo if ns.config else None
-    try:
-        doc = build_report(ns.state_dir, ns.run_id, slo=slo)
-    except RunNotFound as exc:
-        print(f"soakd: error: {exc}", file=sys.stderr)
-        return Exit.USAGE
+    state = load_state(ns.state_dir, ns.run_id)
+    if ns.format == "json" and not ns.config:
+        report = run_report(state)
+        if ns.output:
+            write_json_atomic(ns.output, report)
+        else:
+            sys.stdout.write(json.dumps(report, indent=2, allow_nan=False, default=str) + "\n")
+        return Exit.OK
+    doc = build_report(state, slo=slo, summary=saved_summary(ns.state_dir, state.run_id))
     if ns.format == "html":
-        from soakd.report.html import render_html
+        from soakd.report.html import render_html  # matplotlib loads only for HTML
 
         text = render_html(doc)
     elif ns.format == "md":
-        from soakd.report.markdown import render_markdown
+        from soakd.report.markdown import render_markdown  # as above: each format loads its own renderer
 
         text = render_markdown(doc)
     else:
         text = json.dumps(doc.data, indent=2, allow_nan=False, default=str) + "\n"
     if ns.output:
-        from pathlib import Path
-
-        Path(ns.output).write_text(text, encoding="utf-8")
+        write_text_private(Path(ns.output), text)
         print(f"report: {ns.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
     if ns.config and not doc.data["slo"]["passed"]:
         return Exit.FAIL
     return Exit.OK
+
+
+def compare_command(ns: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    cfg = load_config(ns.config).compare if ns.config else CompareConfig()
+    docs = []
+    for path in (ns.a, ns.b):
+        try:
+            docs.append(load_result(path))
+        except (OSError, ValueError) as exc:
+            print(f"soakd: error: {path}: {exc}", file=sys.stderr)
+            return Exit.USAGE
+    if is_fleet(docs[0]) != is_fleet(docs[1]):
+        print(f"soakd: error: {ns.a if is_fleet(docs[0]) else ns.b} is a fleet report and the other is not: "
+              "compare a fleet with a fleet", file=sys.stderr)
+        return Exit.USAGE
+    if is_fleet(docs[0]):
+        return compare_fleets(docs[0], docs[1], cfg, ns.a, ns.b, out)
+    cmp = Comparison(docs[0], docs[1], cfg).run()
+    print_comparison(cmp, ns.a, ns.b, out)
+    return Exit.FAIL if cmp.regressions else Exit.OK

@@ -1,18 +1,18 @@
 """``soakd compare A.json B.json``: B against the baseline A, side by side, with regressions.
 
-A change is a regression only when it is past the ``[compare]`` threshold *and* beyond noise:
-the bootstrap interval of the difference in per-window means (``windows`` in the JSON) must
-exclude zero on the bad side. Windows next to each other are correlated, so the resampling
-draws blocks of neighbouring windows (circular block bootstrap), not single windows. Without
-per-window data only the threshold applies, and the output says so.
+A change is a regression only when it is past the ``[compare]`` threshold *and* beyond noise
+(see :mod:`soakd.report.noise`): with a few per-window figures a side, the bootstrap interval
+of the difference in window means must exclude zero on the bad side; a short run without them
+is judged on its own counts (the sampling error of a percentile from its histogram, the
+Poisson error of a throughput). A change past the threshold with no noise estimate at all is
+reported as "cannot tell" and does not fail the comparison: a gate that fails on noise is
+soon ignored.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -21,17 +21,22 @@ import numpy as np
 import numpy.typing as npt
 from scipy.stats import norm
 
-from soakd.config import CompareConfig, load_config
-from soakd.errors import Exit
+from soakd.config import CompareConfig
+from soakd.report import units
+from soakd.report.noise import block_bootstrap_ci, difference, quantile_interval, rate_interval
 from soakd.report.slo import error_ratio
 from soakd.report.windows import series
 
-MIN_WINDOWS = 3  # fewer per side: no interval, threshold only
+__all__ = ["Comparison", "Row", "block_bootstrap_ci", "comparison_table", "load_result", "print_comparison"]
+
+MIN_WINDOWS = 3  # fewer per side: the counts behind the summary give the noise estimate
 # Fingerprint keys a result is bound to: a difference means the runs are not like for like.
 FINGERPRINT_KEYS = ("model", "model_sha256", "input", "device_name", "torch_version", "cuda_version",
                     "cudnn_version", "driver_version")
 CONFIG_IGNORED = ("output", "state", "metrics", "otel")  # where a run writes, not what it measures
 STAGE_ORDER = ("e2e", "queue", "inference", "preprocess", "postprocess")
+
+Interval = tuple[float, float]
 
 
 @dataclass
@@ -43,25 +48,16 @@ class Row:
     change: str = ""
     interval: str = ""
     regression: bool = False
+    cannot_tell: bool = False  # past the threshold, but no noise estimate to judge it by
     note: str = ""
 
-
-def block_bootstrap_ci(xa: npt.NDArray[np.float64], xb: npt.NDArray[np.float64], confidence: float,
-                       resamples: int, rng: np.random.Generator) -> tuple[float, float]:
-    """Interval of mean(xb) - mean(xa), resampling circular blocks of about n^(1/3) windows."""
-
-    def means(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        n = x.size
-        block = max(1, round(n ** (1 / 3)))
-        nblocks = math.ceil(n / block)
-        starts = rng.integers(0, n, size=(resamples, nblocks))
-        idx = (starts[:, :, None] + np.arange(block)[None, None, :]).reshape(resamples, -1)[:, :n] % n
-        return np.asarray(x[idx].mean(axis=1), dtype=np.float64)
-
-    diff = means(xb) - means(xa)
-    tail = (1 - confidence) / 2 * 100
-    lo, hi = np.percentile(diff, [tail, 100 - tail])
-    return float(lo), float(hi)
+    @property
+    def verdict(self) -> str:
+        if self.regression:
+            return "REGRESSION"
+        if self.cannot_tell:
+            return "cannot tell"
+        return "ok" if self.change else ""
 
 
 def _windows(doc: dict[str, Any], key: str, stage: str | None = None) -> npt.NDArray[np.float64]:
@@ -69,8 +65,17 @@ def _windows(doc: dict[str, Any], key: str, stage: str | None = None) -> npt.NDA
     return vals[np.isfinite(vals)]
 
 
-def _pct(a: float, b: float) -> str:
-    return f"{(b - a) / a * 100:+.1f}%" if a else ("+0.0%" if a == b else "n/a")
+def _batch(doc: dict[str, Any]) -> float:
+    """Requests per batch on average (1 without batching): the requests per independent sample."""
+    mean = (doc.get("batch_size") or {}).get("mean")
+    return float(mean) if isinstance(mean, (int, float)) and mean >= 1 else 1.0
+
+
+def _signed(v: float, unit: str) -> str:
+    if not math.isfinite(v):
+        return "+inf" if v > 0 else "-inf"
+    text = units.fmt(v, unit)
+    return text if text.startswith(("+", "-")) else f"+{text}"
 
 
 class Comparison:
@@ -82,21 +87,31 @@ class Comparison:
 
     # ------------------------------------------------------------ noise
 
-    def _beyond_noise(self, key: str, stage: str | None, worse_if_higher: bool) -> tuple[bool | None, str]:
+    def _beyond_noise(self, key: str, stage: str | None, unit: str, worse_if_higher: bool,
+                      counts: tuple[Interval | None, Interval | None]) -> tuple[bool | None, str]:
+        """Whether B differs from A on the bad side beyond noise (None: no estimate), and how
+        that was estimated. ``counts``: each side's interval from its own counts, the fallback."""
         xa, xb = _windows(self.a, key, stage), _windows(self.b, key, stage)
-        if xa.size < MIN_WINDOWS or xb.size < MIN_WINDOWS:
+        if xa.size >= MIN_WINDOWS and xb.size >= MIN_WINDOWS:
+            lo, hi = block_bootstrap_ci(xa, xb, self.cfg.confidence, self.cfg.resamples, self.rng)
+            source = f"{xa.size}+{xb.size} windows"
+        elif counts[0] is not None and counts[1] is not None:
+            lo, hi = difference(counts[0], counts[1])
+            source = "Poisson error of the ok counts" if key == "throughput_rps" else "histogram sampling error"
+        else:
             return None, ""
-        lo, hi = block_bootstrap_ci(xa, xb, self.cfg.confidence, self.cfg.resamples, self.rng)
-        text = f"{self.cfg.confidence:.0%} CI of diff [{lo:+.4g}, {hi:+.4g}]"
+        text = f"{self.cfg.confidence:.0%} CI of diff [{_signed(lo, unit)}, {_signed(hi, unit)}] {unit}, {source}"
         return (lo > 0 if worse_if_higher else hi < 0), text
 
-    def _judge(self, row: Row, past_threshold: bool, key: str, stage: str | None,
-               worse_if_higher: bool) -> None:
-        beyond, row.interval = self._beyond_noise(key, stage, worse_if_higher)
+    def _judge(self, row: Row, past_threshold: bool, key: str, stage: str | None, worse_if_higher: bool,
+               counts: tuple[Interval | None, Interval | None]) -> None:
+        beyond, row.interval = self._beyond_noise(key, stage, row.unit, worse_if_higher, counts)
         if not past_threshold:
             return
         if beyond is None:
-            row.regression, row.note = True, "past threshold (no per-window data: no noise estimate)"
+            row.cannot_tell = True
+            row.note = (f"past threshold, but no noise estimate: fewer than {MIN_WINDOWS} windows a side "
+                        "and no counts to estimate it from")
         elif beyond:
             row.regression, row.note = True, "past threshold and beyond noise"
         else:
@@ -108,9 +123,11 @@ class Comparison:
         a, b = self.a.get("throughput_rps"), self.b.get("throughput_rps")
         row = Row("throughput", a, b, "req/s")
         if a is not None and b is not None:
-            row.change = _pct(a, b)
+            row.change = units.change(a, b, row.unit)
             past = a > 0 and (a - b) / a > self.cfg.max_throughput_drop
-            self._judge(row, past, "throughput_rps", None, worse_if_higher=False)
+            ia = rate_interval((self.a.get("requests") or {}).get("ok"), a, self.cfg.confidence)
+            ib = rate_interval((self.b.get("requests") or {}).get("ok"), b, self.cfg.confidence)
+            self._judge(row, past, "throughput_rps", None, worse_if_higher=False, counts=(ia, ib))
         self.rows.append(row)
 
     def latency(self) -> None:
@@ -123,18 +140,20 @@ class Comparison:
                 a, b = la.get(stage, {}).get(q), lb.get(stage, {}).get(q)
                 row = Row(f"{q} {stage}", a, b, "ms")
                 if a is not None and b is not None:
-                    row.change = _pct(a, b)
+                    row.change = units.change(a, b, row.unit)
                     if q == "p99":  # the gated percentile; the others are context
                         past = a > 0 and (b - a) / a > self.cfg.max_p99_increase
-                        self._judge(row, past, "p99", stage, worse_if_higher=True)
+                        counts = (quantile_interval(la.get(stage, {}), q, self.cfg.confidence, _batch(self.a)),
+                                  quantile_interval(lb.get(stage, {}), q, self.cfg.confidence, _batch(self.b)))
+                        self._judge(row, past, "p99", stage, worse_if_higher=True, counts=counts)
                 self.rows.append(row)
 
     def errors(self) -> None:
         ra, rb = self.a.get("requests", {}), self.b.get("requests", {})
         a, b = error_ratio(ra), error_ratio(rb)
-        row = Row("error ratio", a, b, "")
+        row = Row("error ratio", a, b, "ratio")
         if a is not None and b is not None:
-            row.change = f"{b - a:+.4g}"
+            row.change = units.change(a, b, row.unit)
             na, nb = sum(ra.values()), sum(rb.values())
             if b - a > self.cfg.max_error_ratio_increase:
                 # Two-proportion z-test: requests are the samples here, not windows.
@@ -161,7 +180,7 @@ class Comparison:
             a, b = slope(sa), slope(sb)
             row = Row(f"memory slope {name}", a, b, "MiB/h")
             if a is not None and b is not None:
-                row.change = f"{(b - a) / (1 << 20):+.2f}M"
+                row.change = units.change(a, b, row.unit)
             if sb.get("leak_suspected") and not sa.get("leak_suspected"):
                 row.note = "leak suspected in B, not in A"
                 row.regression = self.cfg.leak
@@ -193,6 +212,11 @@ class Comparison:
     def regressions(self) -> list[str]:
         return [r.metric for r in self.rows if r.regression]
 
+    @property
+    def undecided(self) -> list[str]:
+        """Past the threshold with no noise estimate: neither a regression nor cleared."""
+        return [r.metric for r in self.rows if r.cannot_tell]
+
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -205,30 +229,40 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _fmt(v: float | None, unit: str) -> str:
-    if v is None:
-        return "-"
-    if unit == "":
-        return f"{v:.4g}"
-    if unit == "MiB/h":
-        return f"{v / (1 << 20):.2f}M"
-    return f"{v:.2f}"
+COLUMNS = ("metric", "unit", "A", "B", "change", "verdict")
+_RIGHT = frozenset({"A", "B", "change"})  # numbers align on the right
+
+
+def comparison_table(cmp: Comparison) -> list[str]:
+    """The rows as fixed-width columns sized to their widest cell, two spaces apart, so no two
+    figures run together however long they are; the verdict's reasons follow the last column."""
+    cells = [[r.metric, r.unit, units.fmt(r.a, r.unit), units.fmt(r.b, r.unit), r.change, r.verdict]
+             for r in cmp.rows]
+    widths = [max([len(h), *(len(c[i]) for c in cells)]) for i, h in enumerate(COLUMNS)]
+
+    def line(row: list[str] | tuple[str, ...]) -> str:
+        return "  ".join(c.rjust(w) if h in _RIGHT else c.ljust(w)
+                         for h, c, w in zip(COLUMNS, row, widths, strict=True))
+
+    out = [line(COLUMNS).rstrip()]
+    for r, c in zip(cmp.rows, cells, strict=True):
+        detail = "; ".join(x for x in (r.note, r.interval) if x)
+        out.append((line(c) + (f"  ({detail})" if detail else "")).rstrip())
+    return out
 
 
 def print_comparison(cmp: Comparison, a_name: str, b_name: str, out: TextIO) -> None:
     for w in cmp.warnings:
         print(f"warning: {w}", file=out)
     print(f"A = {a_name}\nB = {b_name}", file=out)
-    width = max(len(r.metric) for r in cmp.rows) + 2 if cmp.rows else 20
-    print(f"{'metric':<{width}}{'unit':<7}{'A':>14}{'B':>14}{'change':>10}  verdict", file=out)
-    for r in cmp.rows:
-        verdict = "REGRESSION" if r.regression else ("ok" if r.change else "")
-        detail = "; ".join(x for x in (r.note, r.interval) if x)
-        print(f"{r.metric:<{width}}{r.unit:<7}{_fmt(r.a, r.unit):>14}{_fmt(r.b, r.unit):>14}{r.change:>10}  "
-              f"{verdict}{f' ({detail})' if detail else ''}", file=out)
-    regs = cmp.regressions
+    for text in comparison_table(cmp):
+        print(text, file=out)
+    regs, undecided = cmp.regressions, cmp.undecided
     if regs:
         print(f"regression: {', '.join(regs)}", file=out)
+    elif undecided:
+        print(f"no regression found; cannot tell for {', '.join(undecided)} (no noise estimate: runs with "
+              f"{MIN_WINDOWS}+ windows, or summaries with request counts, can tell)", file=out)
     else:
         print("no regression", file=out)
 
@@ -241,16 +275,3 @@ def load_result(path: str) -> dict[str, Any]:
         raise ValueError("not a soakd summary or report (no latency_ms)")
     return doc
 
-
-def compare_command(ns: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    cfg = load_config(ns.config).compare if ns.config else CompareConfig()
-    docs = []
-    for path in (ns.a, ns.b):
-        try:
-            docs.append(load_result(path))
-        except (OSError, ValueError) as exc:
-            print(f"soakd: error: {path}: {exc}", file=sys.stderr)
-            return Exit.USAGE
-    cmp = Comparison(docs[0], docs[1], cfg).run()
-    print_comparison(cmp, ns.a, ns.b, out)
-    return Exit.FAIL if cmp.regressions else Exit.OK

@@ -1,104 +1,44 @@
-"""Assemble a run's report from the state database: every segment, merged histograms.
+"""A run's report data from its state: every segment, merged histograms, events, memory ranges.
 
-Read-only on the database (a live soak can be reported on while it runs). The returned dict
-follows the summary JSON's contract (``requests``, ``latency_ms.<stage>.{p50,...}``, ``run``)
-plus what only a multi-segment run has (``segments``, ``restarts``, ``events``); HTML and
-Markdown renderers build on the same dict, and on :func:`load_timeline` / :func:`load_series`.
+Pure: :class:`soakd.store.RunState` in, a dict out. It follows the summary JSON's contract
+(``requests``, ``latency_ms.<stage>.{p50,...}``, ``run``) plus what only a multi-segment run has
+(``segments``, ``restarts``, ``events``); HTML and Markdown renderers build on the same dict.
+The ``load_*`` helpers read a state dir through :class:`soakd.store.StateReader`.
 """
 
 from __future__ import annotations
 
-import json
-import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from soakd.store import DB_NAME, decode_hists
+from soakd.store import RunNotFound, RunState, StateReader
 from soakd.summary import stage_summary
 from soakd.telemetry.catalogue import OUTCOMES, STAGES
 from soakd.telemetry.histogram import HistSnapshot
 
-MAX_EVENTS = 500  # most recent events in a report; the database keeps more
-
-
-class RunNotFound(LookupError):
-    """No such state database or run; the message says which."""
-
-
-@contextmanager
-def _connect(state_dir: str | Path) -> Iterator[sqlite3.Connection]:
-    path = Path(state_dir) / DB_NAME
-    if not path.is_file():
-        raise RunNotFound(f"{path}: no state database (is --state-dir right?)")
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
-    try:
-        yield conn
-    finally:
-        conn.close()
-
-
-def latest_run_id(conn: sqlite3.Connection) -> str | None:
-    row = conn.execute("SELECT run_id FROM runs ORDER BY created_at DESC LIMIT 1").fetchone()
-    return None if row is None else str(row[0])
-
-
-def _resolve(conn: sqlite3.Connection, run_id: str | None) -> tuple[str, tuple[Any, ...]]:
-    rid = run_id or latest_run_id(conn)
-    row = None if rid is None else conn.execute(
-        "SELECT run_id, created_at, finished_at, fingerprint FROM runs WHERE run_id = ?", (rid,)).fetchone()
-    if rid is None or row is None:
-        known = [r[0] for r in conn.execute("SELECT run_id FROM runs ORDER BY created_at DESC LIMIT 5")]
-        hint = f" (recent: {', '.join(known)})" if known else " (no runs)"
-        raise RunNotFound(f"run {rid!r} not found{hint}")
-    return rid, row
+__all__ = ["RunNotFound", "load_run_report", "load_series", "load_timeline", "run_report"]
 
 
 def _iso(t: float | None) -> str | None:
     return None if t is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
-def load_run_report(state_dir: str | Path, run_id: str | None = None) -> dict[str, Any]:
-    """The whole run, across its segments. ``run_id`` None: the most recent run."""
-    with _connect(state_dir) as conn:
-        rid, (_, created, finished, fp) = _resolve(conn, run_id)
-        segs = conn.execute(
-            "SELECT id, pid, started_at, last_seen, ended_at, end_reason FROM segments"
-            " WHERE run_id = ? ORDER BY id",
-            (rid,)).fetchall()
-        per_seg: dict[int, dict[str, int]] = {s[0]: dict.fromkeys(OUTCOMES, 0) for s in segs}
-        merged: dict[str, HistSnapshot] = {}
-        for seg, outcomes, blob in conn.execute(
-                "SELECT segment_id, outcomes, hists FROM windows WHERE run_id = ?", (rid,)):
-            counts = per_seg.setdefault(seg, dict.fromkeys(OUTCOMES, 0))
-            for k, v in json.loads(outcomes).items():
-                counts[k] = counts.get(k, 0) + int(v)
-            for stage, h in decode_hists(blob).items():
-                merged[stage] = merged[stage] + h if stage in merged else h
-        events = conn.execute(
-            "SELECT t, segment_id, kind, detail FROM events WHERE run_id = ?"
-            " ORDER BY t DESC, id DESC LIMIT ?",
-            (rid, MAX_EVENTS)).fetchall()
-        series = [r[0] for r in conn.execute(
-            "SELECT DISTINCT series FROM samples WHERE run_id = ? ORDER BY series", (rid,))]
-        memory = {}
-        for name in series:
-            first, last, lo, hi, n = conn.execute(
-                "SELECT (SELECT value FROM samples WHERE run_id = ?1 AND series = ?2 ORDER BY t LIMIT 1),"
-                " (SELECT value FROM samples WHERE run_id = ?1 AND series = ?2 ORDER BY t DESC LIMIT 1),"
-                " MIN(vmin), MAX(vmax), SUM(n) FROM samples WHERE run_id = ?1 AND series = ?2",
-                (rid, name)).fetchone()
-            memory[name] = {"first": first, "last": last, "min": lo, "max": hi, "samples": n}
-
+def run_report(state: RunState) -> dict[str, Any]:
+    """The whole run, across its segments."""
+    per_seg = {s[0]: {**dict.fromkeys(OUTCOMES, 0), **state.segment_outcomes.get(s[0], {})}
+               for s in state.segments}
+    merged: dict[str, HistSnapshot] = {}
+    for _, _, _, hs in state.windows:
+        for stage, h in hs.items():
+            merged[stage] = merged[stage] + h if stage in merged else h
     requests = dict.fromkeys(OUTCOMES, 0)
-    for counts in per_seg.values():
+    for counts in state.segment_outcomes.values():
         for k, v in counts.items():
             requests[k] = requests.get(k, 0) + v
     segments = []
     active = 0.0
-    for sid, pid, started, last_seen, ended, reason in segs:
+    for sid, pid, started, last_seen, ended, reason in state.segments:
         dur = max(0.0, (ended or last_seen) - started)
         active += dur
         segments.append({
@@ -112,11 +52,14 @@ def load_run_report(state_dir: str | Path, run_id: str | None = None) -> dict[st
     latency = {s: stage_summary(merged[s]) for s in order}
     if "e2e" not in latency:
         latency["e2e"] = stage_summary(HistSnapshot.empty())
+    memory = {name: {"first": first, "last": last, "min": lo, "max": hi, "samples": n}
+              for name, (first, last, lo, hi, n) in state.series_stats.items()}
+    segs = state.segments
     return {
-        "run_id": rid,
-        "created_at": _iso(created),
-        "finished": finished is not None,
-        "finished_at": _iso(finished),
+        "run_id": state.run_id,
+        "created_at": _iso(state.created_at),
+        "finished": state.finished_at is not None,
+        "finished_at": _iso(state.finished_at),
         "duration_seconds": round(active, 3),
         "throughput_rps": round(requests.get("ok", 0) / active, 3) if active > 0 else 0.0,
         "requests": requests,
@@ -126,31 +69,28 @@ def load_run_report(state_dir: str | Path, run_id: str | None = None) -> dict[st
         "unclean_exits": sum(1 for s in segs if s[4] is None and s is not segs[-1]),
         "memory": memory,
         "events": [{"t": _iso(t), "segment": seg, "kind": kind, "detail": detail}
-                   for t, seg, kind, detail in reversed(events)],
-        "run": json.loads(fp) if fp else {},
+                   for t, seg, kind, detail in state.events],
+        "run": state.fingerprint,
     }
 
 
+def load_run_report(state_dir: str | Path, run_id: str | None = None) -> dict[str, Any]:
+    """:func:`run_report` of a state dir's run (``run_id`` None: the most recent)."""
+    with StateReader(state_dir) as reader:
+        return run_report(reader.load_run(run_id))
+
+
 def load_timeline(state_dir: str | Path, run_id: str | None = None) -> list[dict[str, Any]]:
-    """Per window, oldest first: time, segment, throughput, outcomes and e2e percentiles."""
-    out = []
-    with _connect(state_dir) as conn:
-        rid, _ = _resolve(conn, run_id)
-        for seg, t0, t1, res, outcomes, blob in conn.execute(
-                "SELECT segment_id, t_start, t_end, resolution, outcomes, hists FROM windows"
-                " WHERE run_id = ? ORDER BY t_start", (rid,)):
-            counts = json.loads(outcomes)
-            e2e = decode_hists(blob).get("e2e", HistSnapshot.empty())
-            out.append({"t_start": t0, "t_end": t1, "segment": seg, "resolution_seconds": res,
-                        "throughput_rps": counts.get("ok", 0) / max(1e-9, t1 - t0), "requests": counts,
-                        "e2e_ms": stage_summary(e2e)})
-    return out
+    """Per stored window, oldest first: time, segment, throughput, outcomes and e2e percentiles."""
+    with StateReader(state_dir) as reader:
+        rows = reader.timeline(run_id)
+    return [{"t_start": t0, "t_end": t1, "segment": seg, "resolution_seconds": res,
+             "throughput_rps": counts.get("ok", 0) / max(1e-9, t1 - t0), "requests": counts,
+             "e2e_ms": stage_summary(hs.get("e2e", HistSnapshot.empty()))}
+            for seg, t0, t1, res, counts, hs in rows]
 
 
 def load_series(state_dir: str | Path, run_id: str | None, series: str) -> list[tuple[float, ...]]:
     """Memory samples of one series, oldest first: (unix time, mean, min, max)."""
-    with _connect(state_dir) as conn:
-        rid, _ = _resolve(conn, run_id)
-        return [tuple(r) for r in conn.execute(
-            "SELECT t, value, vmin, vmax FROM samples WHERE run_id = ? AND series = ? ORDER BY t",
-            (rid, series))]
+    with StateReader(state_dir) as reader:
+        return list(reader.load_run(run_id).samples.get(series, []))

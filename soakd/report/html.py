@@ -17,7 +17,8 @@ body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em auto;m
 padding:0 1em}
 h1{font-size:1.5em}h2{font-size:1.25em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left;
-vertical-align:top}th{background:#f5f5f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
+vertical-align:top}th{background:#f5f5f5}table.kv th{font-weight:normal;white-space:nowrap}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
 .verdict{padding:.6em 1em;border-radius:6px}.pass{background:#e6f4ea;color:#135c26}
 .fail{background:#fde7e7;color:#8a1111}.none{background:#f1f1f1}
 .status-FAIL{color:#8a1111;font-weight:bold}.status-pass{color:#135c26}
@@ -30,13 +31,17 @@ def esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[str]], numeric_from: int = 99) -> str:
-    head = "".join(f"<th>{esc(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f'<td class="num">{esc(c)}</td>' if i >= numeric_from else f"<td>{esc(c)}</td>"
-                         for i, c in enumerate(row)) + "</tr>"
-        for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+def table(header: Sequence[str] | None, rows: Sequence[Sequence[str]], numeric_from: int = 99) -> str:
+    """A table; ``header`` None for a key-value table, whose first column is its own header."""
+    def cell(i: int, c: str) -> str:
+        if i >= numeric_from:
+            return f'<td class="num">{esc(c)}</td>'
+        return f'<th scope="row">{esc(c)}</th>' if header is None and i == 0 else f"<td>{esc(c)}</td>"
+
+    body = "".join("<tr>" + "".join(cell(i, c) for i, c in enumerate(row)) + "</tr>" for row in rows)
+    head = "" if header is None else "<thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr></thead>"
+    opening = '<table class="kv">' if header is None else "<table>"
+    return f"{opening}{head}<tbody>{body}</tbody></table>"
 
 
 def figure(svg: str, caption: str) -> str:
@@ -70,7 +75,8 @@ def _load(doc: ReportDoc) -> str:
     if rows:
         out.append(figure(plots.throughput_plot(rows), "Throughput per window (ok requests/s)"))
         out.append(figure(plots.latency_over_time_plot(rows, sections.stages(data)),
-                          "Latency per stage per window: p99 solid, p50 dashed"))
+                          "Latency per stage per window: p99 solid, p50 dashed; e2e is the wide band, "
+                          "each stage has its own marker"))
     else:
         out.append("<p>No windows recorded.</p>")
     out.append("<h2>Latency percentiles (ms)</h2>")
@@ -90,9 +96,9 @@ def _batches(doc: ReportDoc) -> str:
     rows = sections.batch_rows(data)
     out.append(table(["batch size", "value"], rows, numeric_from=1) if rows
                else "<p>No batch data stored.</p>")
-    shapes = sections.shape_rows(data)
+    shapes = sections.shapes_line(data)
     if shapes:
-        out.append("<h3>Input shapes seen</h3>" + table(["shape", "requests"], shapes, numeric_from=1))
+        out.append(f'<p id="input-shapes">{esc(shapes)}</p>')
     return "".join(out)
 
 
@@ -120,7 +126,7 @@ def render_html(doc: ReportDoc) -> str:
         f"<h1>soakd report: run {esc(run_id)}</h1>",
         _verdict(doc),
         "<h2>Overview</h2>",
-        table(["", ""], sections.overview_rows(data)),
+        table(None, sections.overview_rows(data)),
         _load(doc),
         _batches(doc),
         _memory(doc),
@@ -131,7 +137,7 @@ def render_html(doc: ReportDoc) -> str:
     if data.get("segments"):
         body += ["<h2>Segments</h2>", table(["id", "started", "ended", "seconds", "end", "requests"],
                                             sections.segment_rows(data))]
-    body += ["<h2>Fingerprint</h2>", table(["", ""], sections.fingerprint_rows(data)),
+    body += ["<h2>Fingerprint</h2>", table(None, sections.fingerprint_rows(data)),
              "<h3>Config</h3>", f"<pre>{esc(sections.config_text(data))}</pre>"]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>soakd report: {esc(run_id)}</title><style>{CSS}</style></head><body>\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from soakd.report import sections
+from soakd.report import sections, units
 from soakd.report.document import ReportDoc
 
 
@@ -31,14 +31,14 @@ def render_markdown(doc: ReportDoc) -> str:
     if leaks:
         out += [table(["memory series", "leak verdict", "from"], leaks), ""]
     out += ["## Overview", "",
-            table(["", ""], sections.overview_rows(data)), ""]
+            table(["figure", "value"], sections.overview_rows(data)), ""]
     out += ["## Latency percentiles (ms)", "",
             table(["stage", *sections.QUANTILE_COLUMNS], sections.latency_rows(data)), ""]
     windows = data.get("windows") or []
     if windows:
         stages = sections.stages(data)
-        rows = [[f"{w['t']:.0f}", f"{w['throughput_rps']:.1f}", str(w["errors"]),
-                 *(str(w["latency_ms"].get(s, {}).get("p99", "-")) for s in stages)] for w in windows]
+        rows = [[units.seconds(w["t"]), units.rps(w["throughput_rps"]), str(w["errors"]),
+                 *(units.ms(w["latency_ms"].get(s, {}).get("p99")) for s in stages)] for w in windows]
         out += ["## Throughput and p99 per window", "",
                 table(["t (s)", "req/s", "errors", *(f"p99 {s} ms" for s in stages)], rows), ""]
     buckets = (data.get("batch_size") or {}).get("buckets")
@@ -48,9 +48,9 @@ def render_markdown(doc: ReportDoc) -> str:
         out += [table(["requests per batch", "batches"], rows), ""]
     batch = sections.batch_rows(data)
     out += [table(["batch size", "value"], batch) if batch else "No batch data stored.", ""]
-    shapes = sections.shape_rows(data)
+    shapes = sections.shapes_line(data)
     if shapes:
-        out += ["### Input shapes seen", "", table(["shape", "requests"], shapes), ""]
+        out += [cell(shapes), ""]
     memory = sections.memory_rows(data)
     header = ["series", "first MiB", "last MiB", "min MiB", "max MiB", "trend MiB/h", "leak slope MiB/h",
               "verdict"]
@@ -61,6 +61,7 @@ def render_markdown(doc: ReportDoc) -> str:
     if data.get("segments"):
         out += ["## Segments", "", table(["id", "started", "ended", "seconds", "end", "requests"],
                                          sections.segment_rows(data)), ""]
-    out += ["## Fingerprint", "", table(["", ""], sections.fingerprint_rows(data)), "", "### Config", "",
+    out += ["## Fingerprint", "", table(["fingerprint", "value"], sections.fingerprint_rows(data)), "",
+            "### Config", "",
             "```json", sections.config_text(data).replace("```", "'''"), "```", ""]
     return "\n".join(out)

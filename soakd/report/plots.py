@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 from matplotlib.figure import Figure
 
+from soakd.report import units
 from soakd.report.memory import trend_line
 from soakd.report.windows import series
 from soakd.telemetry.histogram import HistSnapshot
@@ -34,7 +35,27 @@ _PROLOG = re.compile(r"^.*?(?=<svg)", re.DOTALL)
 _METADATA = re.compile(r"<metadata>.*?</metadata>\s*", re.DOTALL)
 STAGE_COLOURS = {"e2e": "#1f77b4", "queue": "#ff7f0e", "inference": "#2ca02c", "preprocess": "#9467bd",
                  "postprocess": "#8c564b"}
+# Lines that may coincide (e2e is inference plus a small queue) must still be told apart:
+# e2e is a wide translucent band drawn first with hollow rings larger than the other stages'
+# markers, so it shows around a line drawn on top of it; each stage has its own marker.
+STAGE_STYLE: dict[str, dict[str, Any]] = {
+    "e2e": {"lw": 5.0, "alpha": 0.5, "marker": "o", "ms": 8, "mfc": "none", "mew": 1.6, "zorder": 1},
+    "queue": {"lw": 1.3, "marker": "^", "ms": 4, "zorder": 3},
+    "inference": {"lw": 1.3, "marker": "s", "ms": 3.5, "zorder": 4},
+    "preprocess": {"lw": 1.3, "marker": "D", "ms": 3.5, "zorder": 3},
+    "postprocess": {"lw": 1.3, "marker": "v", "ms": 4, "zorder": 3},
+}
+_OTHER_STYLE: dict[str, Any] = {"lw": 1.3, "marker": "x", "ms": 4, "zorder": 3}
 NINES = (0.5, 0.75, 0.9, 0.95, 0.99, 0.995, 0.999, 0.9995, 0.9999)
+
+
+def _legend_outside(ax: Any) -> None:
+    """The legend right of the axes: never over the start of the lines."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+
+
+def _markevery(n: int) -> int:
+    return max(1, n // 30)  # a few dozen markers per line at most: shapes, not a solid smear
 
 
 def _svg(fig: Figure) -> str:
@@ -66,11 +87,13 @@ def throughput_plot(rows: Sequence[dict[str, Any]]) -> str:
     with plt.rc_context(STYLE):
         fig, ax = _figure(2.4)
         x = _minutes(rows)
-        ax.plot(x, series(list(rows), "throughput_rps"), marker="." if len(rows) < 60 else None, lw=1.2)
+        ax.plot(x, series(list(rows), "throughput_rps"), marker="o", ms=3, markevery=_markevery(len(rows)),
+                lw=1.2, color="#1f77b4", label="ok requests/s")
         errs = np.asarray([r["errors"] / r["seconds"] if r["seconds"] else 0.0 for r in rows])
         if errs.any():
-            ax.plot(x, errs, color="#d62728", lw=1.0, label="errors/s")
-            ax.legend(loc="best", fontsize=8)
+            ax.plot(x, errs, color="#d62728", lw=1.0, marker="x", ms=3, markevery=_markevery(len(rows)),
+                    label="errors/s")
+        _legend_outside(ax)
         ax.set_xlabel("minutes since start")
         ax.set_ylabel("requests/s (ok)")
         ax.set_ylim(bottom=0)
@@ -81,17 +104,17 @@ def latency_over_time_plot(rows: Sequence[dict[str, Any]], stages: Sequence[str]
     with plt.rc_context(STYLE):
         fig, ax = _figure(3.2)
         x = _minutes(rows)
-        marker = "." if len(rows) < 60 else None
+        every = _markevery(len(rows))
         for stage in stages:
             colour = STAGE_COLOURS.get(stage)
-            ax.plot(x, series(list(rows), "p99", stage), color=colour, lw=1.3, marker=marker,
-                    label=f"{stage} p99")
-            ax.plot(x, series(list(rows), "p50", stage), color=colour, lw=0.9, ls="--",
-                    label=f"{stage} p50")
+            style = {**STAGE_STYLE.get(stage, _OTHER_STYLE), "markevery": every}
+            ax.plot(x, series(list(rows), "p99", stage), color=colour, label=f"{stage} p99", **style)
+            ax.plot(x, series(list(rows), "p50", stage), color=colour, ls="--", label=f"{stage} p50",
+                    **{**style, "lw": style["lw"] * 0.7, "marker": None})
         ax.set_yscale("log")
         ax.set_xlabel("minutes since start")
         ax.set_ylabel("latency (ms)")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+        _legend_outside(ax)
         return _svg(fig)
 
 
@@ -104,12 +127,12 @@ def latency_distribution_plot(hists: dict[str, HistSnapshot]) -> str:
             if not h.count:
                 continue
             y = [h.percentile(q) * 1e3 for q in NINES]
-            ax.plot(x, y, marker="o", ms=3, color=STAGE_COLOURS.get(stage), label=stage)
+            ax.plot(x, y, color=STAGE_COLOURS.get(stage), label=stage, **STAGE_STYLE.get(stage, _OTHER_STYLE))
         ax.set_xticks(x, [f"p{q * 100:g}" for q in NINES])
         ax.set_yscale("log")
         ax.set_xlabel("percentile")
         ax.set_ylabel("latency (ms)")
-        ax.legend(loc="upper left", fontsize=8)
+        _legend_outside(ax)
         return _svg(fig)
 
 
@@ -136,12 +159,11 @@ def memory_plot(name: str, t: npt.NDArray[np.float64], v: npt.NDArray[np.float64
         if line is not None and t.size:
             slope, intercept = line
             ends = np.asarray([t[0], t[-1]])
-            rate = slope * 3600.0 / mib
             ax.plot((ends - t0) / 60.0, (slope * ends + intercept) / mib, color="#d62728", lw=1.2, ls="--",
-                    label=f"trend {rate:+.3g} MiB/h")
+                    label=f"trend {units.with_unit(slope * 3600.0, 'MiB/h')}")
         ax.set_xlabel("minutes since start")
         ax.set_ylabel("MiB")
         if not math.isclose(float(np.nanmax(ys)), float(np.nanmin(ys))):
             ax.ticklabel_format(axis="y", useOffset=False)
-        ax.legend(loc="best", fontsize=8)
+        _legend_outside(ax)
         return _svg(fig)

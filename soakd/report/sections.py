@@ -6,19 +6,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from soakd.report import units
 from soakd.report.slo import format_limit, format_observed
 
 STAGE_ORDER = ("e2e", "queue", "inference", "preprocess", "postprocess")
 QUANTILE_COLUMNS = ("p50", "p90", "p99", "p999", "max", "mean", "count")
 FINGERPRINT_ROWS = (
     ("run id", "run_id"), ("started", "started_at"), ("model", "model"), ("model sha256", "model_sha256"),
+    ("sha256 of", "model_identity"),
     ("input", "input"), ("device", "device"), ("device name", "device_name"), ("CPU", "cpu_model"),
     ("host", "host"), ("soakd", "soakd_version"), ("torch", "torch_version"), ("CUDA", "cuda_version"),
     ("cuDNN", "cudnn_version"), ("NVIDIA driver", "driver_version"), ("Python", "python_version"),
 )
-MIB = float(1 << 20)
-
-
 def _num(v: Any, digits: int = 2) -> str:
     if v is None:
         return "-"
@@ -63,8 +62,8 @@ def slo_rows(data: dict[str, Any]) -> list[list[str]]:
 def overview_rows(data: dict[str, Any]) -> list[list[str]]:
     req: dict[str, int] = data.get("requests") or {}
     rows = [
-        ["throughput", f"{_num(data.get('throughput_rps'))} req/s"],
-        ["duration", f"{_num(data.get('duration_seconds'), 1)} s"],
+        ["throughput", units.with_unit(data.get("throughput_rps"), "req/s")],
+        ["duration", units.with_unit(data.get("duration_seconds"), "s")],
         ["requests", ", ".join(f"{k} {v}" for k, v in req.items() if v) or "none"],
     ]
     if "segments" in data:
@@ -72,11 +71,12 @@ def overview_rows(data: dict[str, Any]) -> list[list[str]]:
                                  f"{data.get('unclean_exits', 0)} unclean exits)"])
         rows.append(["finished", _num(data.get("finished"))])
     if "offered_rps" in data:
-        rows.append(["offered load", f"{_num(data['offered_rps'])} req/s"])
+        rows.append(["offered load", units.with_unit(data["offered_rps"], "req/s")])
     lag = data.get("schedule_lag_ms")
     if lag:
-        rows.append(["schedule lag", f"p50 {_num(lag.get('p50'))} ms, p99 {_num(lag.get('p99'))} ms, "
-                                     f"max {_num(lag.get('max'))} ms"])
+        rows.append(["schedule lag", f"p50 {units.with_unit(lag.get('p50'), 'ms')}, "
+                                     f"p99 {units.with_unit(lag.get('p99'), 'ms')}, "
+                                     f"max {units.with_unit(lag.get('max'), 'ms')}"])
     cold = data.get("cold_start")
     if cold:
         rows.append(["cold start", ", ".join(f"{k} {v}" for k, v in cold.items())])
@@ -90,7 +90,8 @@ def stages(data: dict[str, Any]) -> list[str]:
 
 def latency_rows(data: dict[str, Any]) -> list[list[str]]:
     lat: dict[str, dict[str, Any]] = data.get("latency_ms") or {}
-    return [[s, *(_num(lat[s].get(k)) for k in QUANTILE_COLUMNS)] for s in stages(data)]
+    return [[s, *(str(lat[s].get(k, "-")) if k == "count" else units.ms(lat[s].get(k)) for k in QUANTILE_COLUMNS)]
+            for s in stages(data)]
 
 
 def batch_rows(data: dict[str, Any]) -> list[list[str]]:
@@ -98,29 +99,25 @@ def batch_rows(data: dict[str, Any]) -> list[list[str]]:
     return [[k, _num(b[k])] for k in ("batches", "mean", "p50", "p99", "max") if k in b]
 
 
-def shape_rows(data: dict[str, Any]) -> list[list[str]]:
+def shapes_line(data: dict[str, Any]) -> str | None:
+    """The input shapes a run saw, as one line of text (a count, or shapes with their requests)."""
     seen = data.get("input_shapes_seen")
+    if isinstance(seen, bool) or seen is None:
+        return None
     if isinstance(seen, int):
-        return [["distinct input shapes", str(seen)]]
+        return f"Input shapes seen: {seen} distinct"
     if isinstance(seen, dict):
-        return [[str(k), str(v)] for k, v in seen.items()]
+        return "Input shapes seen: " + ", ".join(f"{k} ({v} requests)" for k, v in seen.items())
     if isinstance(seen, list):
-        return [[str(x), ""] for x in seen]
-    return []
+        return "Input shapes seen: " + ", ".join(str(x) for x in seen)
+    return None
 
 
 def memory_rows(data: dict[str, Any]) -> list[list[str]]:
-    out = []
-    for name, m in (data.get("memory") or {}).items():
-        def mib(v: Any) -> str:
-            return "-" if v is None else f"{v / MIB:.1f}"
-
-        slope = m.get("slope_bytes_per_hour")
-        trend = m.get("trend_bytes_per_hour")
-        out.append([name, mib(m.get("first")), mib(m.get("last")), mib(m.get("min")), mib(m.get("max")),
-                    "-" if trend is None else f"{trend / MIB:+.3f}",
-                    "-" if slope is None else f"{slope / MIB:+.3f}", str(m.get("verdict", "-"))])
-    return out
+    return [[name, units.mib(m.get("first")), units.mib(m.get("last")), units.mib(m.get("min")),
+             units.mib(m.get("max")), units.mib_per_hour(m.get("trend_bytes_per_hour")),
+             units.mib_per_hour(m.get("slope_bytes_per_hour")), str(m.get("verdict", "-"))]
+            for name, m in (data.get("memory") or {}).items()]
 
 
 def event_rows(data: dict[str, Any]) -> list[list[str]]:
@@ -130,7 +127,7 @@ def event_rows(data: dict[str, Any]) -> list[list[str]]:
 
 def segment_rows(data: dict[str, Any]) -> list[list[str]]:
     return [[str(s["id"]), str(s.get("started_at")), str(s.get("ended_at") or "-"),
-             _num(s.get("duration_seconds"), 1), str(s.get("end")),
+             units.seconds(s.get("duration_seconds")), str(s.get("end")),
              ", ".join(f"{k} {v}" for k, v in (s.get("requests") or {}).items() if v)]
             for s in data.get("segments") or []]
 

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
 from soakd.config import SloConfig
+from soakd.report.units import with_unit  # one format per unit, as in the reports
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,7 @@ def format_observed(check: dict[str, Any]) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
-        text = f"{v:.4g}" if check.get("unit") == "" else f"{v:.2f}"
-        return f"{text} {check.get('unit', '')}".strip()
+        return with_unit(v, str(check.get("unit", "")))
     return str(v)
 
 

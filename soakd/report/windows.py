@@ -1,4 +1,5 @@
-"""Per-window figures (throughput, errors, per-stage percentiles) over a run.
+"""Per-window figures (throughput, errors, per-stage percentiles) over a run: the bounded table,
+and its rows rebuilt from stored windows. The live cursor is :mod:`soakd.run.windows`.
 
 They go into the summary and report JSON as ``windows: [{t, seconds, throughput_rps, ok,
 errors, latency_ms: {stage: {p50, p90, p99}}}, ...]``: what the report plots over time and
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -27,14 +28,6 @@ WINDOW_QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 _T, _SECONDS, _OK, _ERRORS = range(4)  # the fixed columns; then p50/p90/p99 (seconds) per stage
 _FIXED = 4
 _NQ = len(WINDOW_QUANTILES)
-
-
-class StatsLike(Protocol):
-    """What the recorder reads from the engine (``soakd.load.engine.EngineStats``)."""
-
-    elapsed: float
-    completed: dict[str, int]
-    stages: dict[str, HistSnapshot]
 
 
 class WindowTable:
@@ -107,43 +100,6 @@ class WindowTable:
             "errors": int(r[_ERRORS]),
             "latency_ms": latency,
         }
-
-
-class WindowRecorder:
-    """Fed the engine's stats at every status tick; emits a row every ``stride`` ticks (the
-    stride doubles each time the table merges its rows in pairs)."""
-
-    def __init__(self, max_rows: int = MAX_ROWS) -> None:
-        self.max_rows = max_rows
-        self.table: WindowTable | None = None
-        self._ticks = 0
-        self._base: StatsLike | None = None
-
-    @property
-    def stride(self) -> int:
-        return 1 << (self.table.merges if self.table is not None else 0)
-
-    @property
-    def rows(self) -> list[dict[str, Any]]:
-        return self.table.rows() if self.table is not None else []
-
-    def start(self, stats: StatsLike) -> None:
-        """The engine's stats at the start; its stages are the table's columns."""
-        self._base = stats
-        self.table = WindowTable(list(stats.stages), self.max_rows)
-
-    def add(self, stats: StatsLike) -> None:
-        if self._base is None or self.table is None:
-            self.start(stats)
-            return
-        self._ticks += 1
-        if self._ticks < self.stride:
-            return
-        base = self._base
-        outcomes = {k: v - base.completed.get(k, 0) for k, v in stats.completed.items()}
-        hists = {s: h - base.stages[s] if s in base.stages else h for s, h in stats.stages.items()}
-        self.table.append(stats.elapsed, stats.elapsed - base.elapsed, outcomes, hists)
-        self._base, self._ticks = stats, 0
 
 
 def rows_from_windows(windows: Iterable[tuple[float, float, dict[str, int], dict[str, HistSnapshot]]],

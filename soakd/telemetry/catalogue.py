@@ -132,6 +132,13 @@ class Metrics:
             p + "first_inference_seconds", "Time of the first inference after load (cold start)", registry=r
         )
         self.warmup = Gauge(p + "warmup_seconds", "Time spent in warmup runs", registry=r)
+        self.model_offline_rps = Gauge(
+            p + "model_offline_rps", "The model alone at the max batch size after warm-up (requests/s)", registry=r
+        )
+        self.harness_overhead_ratio = Gauge(
+            p + "harness_overhead_ratio", "soakd's own per-batch work in the model threads over model time",
+            registry=r,
+        )
         self.run_info = Gauge(
             p + "run_info",
             "Run fingerprint (value 1)",
@@ -238,3 +245,12 @@ class Metrics:
             p + "memory_exhaustion_eta_seconds", "Time to the limit at the current slope (+Inf: never)", ["series"],
             registry=r,
         )
+
+    def collector_last_successes(self) -> dict[str, float]:
+        """``{source: unix time of its last good sample}``: the one figure soakd reads back from
+        its own registry, since the gauge is where the scheduler keeps it."""
+        out: dict[str, float] = {}
+        for family in self.collector_last_success.collect():
+            for sample in family.samples:
+                out[sample.labels["source"]] = float(sample.value)
+        return out

@@ -103,10 +103,8 @@ class ProcFS:
         return int(psutil.virtual_memory().available)
 
 
-class HostSampler:
-    """RSS, CPU seconds, threads, open fds, host available memory."""
-
-    name = "host"
+class _ProcSampler:
+    """A sampler that reads ``/proc`` (or a fake root) into the metrics and the series store."""
 
     def __init__(self, metrics: Metrics, series: SeriesStore | None, proc: ProcFS | None = None,
                  *, clock: Callable[[], float] = time.time) -> None:
@@ -114,6 +112,12 @@ class HostSampler:
         self.series = series
         self.proc = proc if proc is not None else ProcFS()
         self.clock = clock
+
+
+class HostSampler(_ProcSampler):
+    """RSS, CPU seconds, threads, open fds, host available memory."""
+
+    name = "host"
 
     def open(self) -> None:
         pass
@@ -135,17 +139,10 @@ class HostSampler:
         pass
 
 
-class UssSampler:
+class UssSampler(_ProcSampler):
     """Unique set size: what the process would give back on exit, the truest leak signal."""
 
     name = "host_uss"
-
-    def __init__(self, metrics: Metrics, series: SeriesStore | None, proc: ProcFS | None = None,
-                 *, clock: Callable[[], float] = time.time) -> None:
-        self.metrics = metrics
-        self.series = series
-        self.proc = proc if proc is not None else ProcFS()
-        self.clock = clock
 
     def open(self) -> None:
         if self.proc.uss() is None:

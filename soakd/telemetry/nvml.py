@@ -82,7 +82,7 @@ class NvmlSampler:
     @property
     def nvml(self) -> Any:
         if self._nvml is None:
-            import pynvml
+            import pynvml  # loaded on first use: hosts without the NVIDIA library never import it
 
             self._nvml = pynvml
         return self._nvml

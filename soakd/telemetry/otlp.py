@@ -30,6 +30,7 @@ from opentelemetry.sdk.metrics.export import (
     HistogramDataPoint,
     Metric,
     MetricExporter,
+    MetricExportResult,
     MetricsData,
     NumberDataPoint,
     ResourceMetrics,
@@ -44,6 +45,7 @@ from prometheus_client import CollectorRegistry
 
 import soakd
 
+SHUTDOWN_DEADLINE_S = 2.0  # each OTLP step at exit; with the drain, exit stays under 15 s by default
 log = logging.getLogger("soakd.otlp")
 
 _GENERIC = "OTEL_EXPORTER_OTLP_ENDPOINT"
@@ -179,6 +181,7 @@ class RegistryBridge:
     def __init__(self, registry: CollectorRegistry, resource: Resource, interval: float,
                  exporter: MetricExporter | None = None) -> None:
         if exporter is None:
+            # The HTTP exporter pulls in requests and protobuf: only when no exporter is injected.
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
             exporter = OTLPMetricExporter()
@@ -198,8 +201,6 @@ class RegistryBridge:
         return MetricsData([ResourceMetrics(self.resource, [ScopeMetrics(self.scope, metrics, "")], "")])
 
     def export_once(self) -> bool:
-        from opentelemetry.sdk.metrics.export import MetricExportResult
-
         try:
             ok = self.exporter.export(self.collect()) == MetricExportResult.SUCCESS
         except Exception as exc:  # an unreachable collector must not end the soak
@@ -221,12 +222,13 @@ class RegistryBridge:
             self.export_once()
 
     def stop(self) -> None:
-        """Stop the timer and push one last export so the run's end is not lost."""
+        """Stop the timer and push one last export so the run's end is not lost; an unreachable
+        collector gets ``SHUTDOWN_DEADLINE_S`` in all, not the exporter's retries."""
         if self._thread.is_alive():
             self._stop.set()
-            self._thread.join(timeout=self.interval + 15)
-            self.export_once()
-        self.exporter.shutdown()
+            self._thread.join(timeout=SHUTDOWN_DEADLINE_S)
+            _bounded(self.export_once, SHUTDOWN_DEADLINE_S, "last OTLP metrics export")
+        _bounded(self.exporter.shutdown, 1.0, "OTLP metrics exporter shutdown")
 
 
 class BatchTracer:
@@ -236,6 +238,7 @@ class BatchTracer:
 
     def __init__(self, resource: Resource, ratio: float, exporter: SpanExporter | None = None) -> None:
         if exporter is None:
+            # As above: the HTTP exporter only when none is injected.
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             exporter = OTLPSpanExporter()
@@ -256,4 +259,13 @@ class BatchTracer:
         span.end(end_time=self._offset_ns + int(t_end * 1e9))
 
     def shutdown(self) -> None:
-        self.provider.shutdown()
+        _bounded(self.provider.shutdown, SHUTDOWN_DEADLINE_S, "OTLP span flush")
+
+
+def _bounded(fn: Callable[[], object], seconds: float, what: str) -> None:
+    """Run ``fn`` on a daemon thread and wait at most ``seconds``: exits have a deadline."""
+    t = threading.Thread(target=fn, name="soakd-otlp-shutdown", daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        log.warning("%s abandoned after %.0fs (collector unreachable?)", what, seconds)

@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+import torch
+
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.scheduler import SourceUnavailable
 from soakd.telemetry.series import SeriesStore
@@ -32,24 +34,16 @@ class TorchCuda:
     """The real backend."""
 
     def is_available(self) -> bool:
-        import torch
-
         return bool(torch.cuda.is_available())
 
     def memory_stats(self, device: int) -> Mapping[str, Any]:
-        import torch
-
         return torch.cuda.memory_stats(device)
 
     def mem_get_info(self, device: int) -> tuple[int, int]:
-        import torch
-
         free, total = torch.cuda.mem_get_info(device)
         return int(free), int(total)
 
     def memory_snapshot(self) -> Sequence[Mapping[str, Any]]:
-        import torch
-
         try:  # torch >= 2.6: skip the trace ring, which can be large and is not needed here
             snap = torch.cuda.memory_snapshot(include_traces=False)  # type: ignore[no-untyped-call,unused-ignore]
         except TypeError:

@@ -81,8 +81,6 @@ class BadSampleLog:
 class SampleSource:
     """Hands out raw samples (paths, text lines) for the engine's preprocess pool."""
 
-    needs_preprocess = True
-
     def __init__(self, root: str, preprocess: Preprocessor) -> None:
         self.root = root
         self.preprocess = preprocess

@@ -97,10 +97,12 @@ def draw_lengths(spec: SeqLenSpec, rng: np.random.Generator, n: int) -> np.ndarr
 class SeqLenSource:
     """Hands out token sequences with drawn lengths; keys are ``(length,)`` or one shared key."""
 
-    needs_preprocess = False
+    # Pre-made tensors: no preprocess stage (RequestSource).
+    preprocess = None
+    bad_log = None
 
     def __init__(self, spec: str, *, pad: bool = False, seed: int = 0) -> None:
-        import torch
+        import torch  # config imports this module's parser; `soakd analyze` must start without torch
 
         self.spec = parse_seq_spec(spec)
         self.pad = pad

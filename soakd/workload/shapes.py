@@ -9,33 +9,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-Shape = tuple[int, ...]
+from soakd.workload.shape_spec import Shape, parse_shape_mix
 
-
-def parse_shape_mix(spec: str) -> list[tuple[Shape, float]]:
-    """``"3x224x224=0.6,3x96x96=0.4"`` -> [((3,224,224), 0.6), ((3,96,96), 0.4)]; weights normalised."""
-    items: list[tuple[Shape, float]] = []
-    for part in spec.replace(" ", "").split(","):
-        if not part:
-            continue
-        dims, _, weight = part.partition("=")
-        shape = tuple(int(d) for d in dims.split("x"))
-        if any(d <= 0 for d in shape):
-            raise ValueError(f"input.shapes: dimensions must be positive in {part!r}")
-        w = float(weight) if weight else 1.0
-        if w <= 0:
-            raise ValueError(f"input.shapes: weight must be > 0 in {part!r}")
-        items.append((shape, w))
-    if not items:
-        raise ValueError("input.shapes: no shape given")
-    total = sum(w for _, w in items)
-    return [(s, w / total) for s, w in items]
+__all__ = ["Shape", "ShapeSource", "parse_shape_mix"]
 
 
 class ShapeSource:
     """Draws each request's shape by weight and hands out a pooled tensor of that shape."""
 
-    needs_preprocess = False
+    # Pre-made tensors: no preprocess stage (RequestSource).
+    preprocess = None
+    bad_log = None
 
     def __init__(self, spec: str, *, pool: int = 8, dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
         self.mix = parse_shape_mix(spec)

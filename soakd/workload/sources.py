@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -14,7 +15,17 @@ from soakd.workload.shapes import ShapeSource, parse_shape_mix
 
 
 class RequestSource(Protocol):
-    """What the engine draws requests from: ``next()`` -> (batch key, tensor or raw sample)."""
+    """What the engine draws requests from: ``next()`` -> (batch key, tensor or raw sample).
+
+    ``preprocess`` declares the stage: None when ``next()`` hands out ready tensors, else the
+    callable the preprocess pool turns each raw sample into ``(key, tensor)`` with (raising
+    BadInput); ``bad_log`` then names each bad sample once per run."""
+
+    @property
+    def preprocess(self) -> Callable[[Any], tuple[Any, torch.Tensor]] | None: ...
+
+    @property
+    def bad_log(self) -> Callable[[Any, Exception], None] | None: ...
 
     def next(self) -> tuple[Any, Any]: ...
 

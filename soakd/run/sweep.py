@@ -22,16 +22,20 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
+
+import psutil
+import torch
 
 from soakd.config import Config, ConfigError, parse_duration
+from soakd.load.engine import Engine, EngineStats
+from soakd.models.loader import LoadedModel
+from soakd.run import steps as shared
+from soakd.run.stop import StopFlag
 from soakd.summary import write_json_atomic
+from soakd.targets.local import LocalModelTarget
+from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.histogram import HistSnapshot
-
-if TYPE_CHECKING:  # torch and the engine load inside the functions that run steps (see package doc)
-    from soakd.load.engine import Engine, EngineStats
-    from soakd.models.loader import LoadedModel
-    from soakd.telemetry.catalogue import Metrics
 
 log = logging.getLogger("soakd.sweep")
 
@@ -192,18 +196,11 @@ def is_stable(marks: list[Mark], tolerance: float) -> bool:
     return True
 
 
-def run_step(model: LoadedModel, cfg: Config, sweep: SweepPlan, settings: dict[str, Any]) -> StepResult:
-    import psutil
-    import torch
-
-    from soakd.load.engine import Engine
-    from soakd.telemetry.catalogue import Metrics
-    from soakd.workload.sources import build_source
-
+def run_step(model: LoadedModel, target: LocalModelTarget, cfg: Config, sweep: SweepPlan,
+             settings: dict[str, Any]) -> StepResult:
     step_cfg = step_config(cfg, settings)
     metrics = Metrics()
-    source = build_source(step_cfg, model.default_shape, model.dtype)
-    engine = Engine(model.fn, model.device, source, step_cfg, metrics)
+    engine = Engine(target, shared.request_source(step_cfg, model), step_cfg, metrics)
     result = StepResult(settings, workers=step_cfg.input.preprocess_workers)
     cuda = model.device.type == "cuda"
     if cuda:
@@ -383,23 +380,19 @@ def _describe(s: dict[str, Any], mode: str) -> str:
 
 
 def sweep_command(cfg: Config, ns: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    from soakd.errors import ModelLoadError
-    from soakd.fingerprint import fingerprint
-    from soakd.models.loader import load_model
-    from soakd.runner import new_run_id, warm_up
-    from soakd.workload.sources import build_source
-
+    """Load and warm up once (the run session's own steps), then each step on the same target."""
     sweep = plan(cfg, ns)
+    model, target = shared.load_target(cfg)
     try:
-        model = load_model(cfg.model.spec, cfg.model.device, cfg.model.dtype, cfg.model.options)
-    except ModelLoadError as exc:
-        print(f"soakd: error: {exc}", file=sys.stderr)
-        return 2
-    log.info("loaded %s on %s in %.2fs", cfg.model.spec, model.device, model.load_seconds)
-    warm_source = build_source(cfg, model.default_shape, model.dtype)
+        return _sweep(cfg, ns, sweep, model, target, out)
+    finally:
+        target.close()
+
+
+def _sweep(cfg: Config, ns: argparse.Namespace, sweep: SweepPlan, model: LoadedModel, target: LocalModelTarget,
+           out: TextIO) -> int:
     biggest = max(s["max_batch_size"] for s in sweep.steps)
-    first, warm = warm_up(model, warm_source, cfg.model.warmup, biggest)
-    log.info("warmup: %d runs in %.2fs (first inference %.3fs)", cfg.model.warmup, warm, first)
+    warm = shared.warm_up(cfg, target, shared.request_source(cfg, model), biggest, StopFlag().event)
     how = (f"{sweep.step_duration:g}s each" if sweep.step_duration is not None else
            f"until stable within {100 * sweep.tolerance:g}% ({sweep.min_step:g}-{sweep.max_step:g}s)")
     log.info("sweep: %d steps over %s and max batch size, %s", len(sweep.steps), sweep.mode, how)
@@ -407,7 +400,7 @@ def sweep_command(cfg: Config, ns: argparse.Namespace, out: TextIO = sys.stdout)
     steps: list[dict[str, Any]] = []
     for i, settings in enumerate(sweep.steps):
         try:
-            figures = step_figures(i, run_step(model, cfg, sweep, settings))
+            figures = step_figures(i, run_step(model, target, cfg, sweep, settings))
         except KeyboardInterrupt:
             log.warning("interrupted: reporting the %d step(s) that finished", len(steps))
             break
@@ -418,10 +411,7 @@ def sweep_command(cfg: Config, ns: argparse.Namespace, out: TextIO = sys.stdout)
         return 130  # interrupted before any step finished (128 + SIGINT)
     knee = find_knee(steps if sweep.one_axis else sorted(steps, key=lambda s: s["throughput_rps"]))
     rec = recommend(steps, sweep.slo_p99_ms, knee, prefer_stable=sweep.step_duration is None)
-    shapes = cfg.input.shapes or model.default_shape
-    desc = f"samples {cfg.input.samples}" if cfg.input.samples else f"shapes {shapes}"
-    run_fp = fingerprint(cfg, run_id=new_run_id(), model_spec=cfg.model.spec, model_sha256=model.sha256,
-                         device=model.device, input_desc=desc)
+    run_fp = shared.run_fingerprint(cfg, shared.new_run_id(), model)
     result = {
         "mode": sweep.mode,
         "slo_p99_ms": sweep.slo_p99_ms,
@@ -430,8 +420,7 @@ def sweep_command(cfg: Config, ns: argparse.Namespace, out: TextIO = sys.stdout)
         "steps": steps,
         "knee": knee,
         "recommendation": rec,
-        "cold_start": {"model_load_seconds": round(model.load_seconds, 4),
-                       "first_inference_seconds": round(first, 4), "warmup_seconds": round(warm, 4)},
+        "cold_start": shared.cold_start(model, warm, cfg.model.warmup),
         "run": run_fp,
     }
     if ns.json_out:

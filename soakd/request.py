@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 
 class Request:
@@ -23,3 +23,12 @@ class Request:
         self.payload = payload
         self.enqueued = sent
         self.pre_s = 0.0
+
+
+class Inlet(Protocol):
+    """Where the engine (or its preprocess pool) hands requests on: the batcher, or a request
+    target that takes them one by one."""
+
+    def put(self, req: Request) -> None: ...
+
+    def put_many(self, reqs: list[Request]) -> None: ...

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from soakd.models.seeded import seed_weights
+
 
 class Detector(nn.Module):
     def __init__(self, num_classes: int = 10, stride: int = 16) -> None:
@@ -25,6 +27,7 @@ class Detector(nn.Module):
             nn.ReLU(),
             nn.Conv2d(32, 4 + num_classes, kernel_size=1),
         )
+        seed_weights(self)  # the same weights every run: a stable fingerprint
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.body(x)  # (B, 4 + C, gh, gw)

@@ -1,13 +1,11 @@
-"""The run's telemetry: which samplers run, on what schedule, and the optional OTLP push.
-
-``Telemetry.start()`` is called by the runner once the model is on its device (the CUDA
-samplers need the device index), ``stop()`` at the end of the run, also on errors.
-"""
+"""The run's telemetry pipeline: which samplers a soak runs, the scheduler they run on, and
+the optional OTLP push. The session builds the samplers (:func:`run_samplers`) once the model
+is on its device (the CUDA samplers need the device index) and hands them to :class:`Telemetry`."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -43,38 +41,50 @@ def gpu_uuids(devices: list[int]) -> list[str] | None:
         return None
 
 
-class Telemetry:
-    """Every sampler on one scheduler at ``memory.interval``, and OTLP when asked for."""
+def run_samplers(cfg: Config, metrics: Metrics, series: SeriesStore,
+                 device: torch.device) -> list[tuple[Sampler, float]]:
+    """The samplers of a soak on ``device``, each with its interval."""
+    mem = cfg.memory
+    devices = cuda_devices(device)
+    samplers: list[Sampler] = [
+        HostSampler(metrics, series),
+        UssSampler(metrics, series),
+        MallocSampler(metrics, series),
+        GcSampler(metrics),
+        TorchCudaSampler(metrics, series, devices),
+        NvmlSampler(metrics, series, uuids=gpu_uuids(devices)),
+    ]
+    if mem.tracemalloc:
+        samplers.append(TracemallocSampler(metrics))
+    out = [(s, mem.interval) for s in samplers]
+    if mem.snapshot_interval is not None:
+        out.append((TorchCudaSnapshotSampler(metrics, devices), mem.snapshot_interval))
+    return out
 
-    def __init__(self, cfg: Config, metrics: Metrics, series: SeriesStore, device: torch.device,
+
+def resource_attributes(device: torch.device, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """OTLP resource attributes of a run on ``device`` (the GPU's name and UUID on CUDA)."""
+    attrs: dict[str, Any] = {"soakd.device": str(device), **(extra or {})}
+    devices = cuda_devices(device)
+    if devices:
+        attrs["soakd.gpu.name"] = torch.cuda.get_device_name(devices[0])
+        uuids = gpu_uuids(devices)
+        if uuids:
+            attrs["soakd.gpu.uuid"] = uuids[0]
+    return attrs
+
+
+class Telemetry:
+    """The given samplers on one scheduler, and OTLP when asked for."""
+
+    def __init__(self, cfg: Config, metrics: Metrics, samplers: Sequence[tuple[Sampler, float]],
                  *, resource_attributes: dict[str, Any] | None = None) -> None:
-        mem = cfg.memory
         self.cfg = cfg
         self.metrics = metrics
-        self.series = series
-        self.scheduler = SamplerScheduler(metrics, sample_timeout=mem.sample_timeout)
-        devices = cuda_devices(device)
-        samplers: list[Sampler] = [
-            HostSampler(metrics, series),
-            UssSampler(metrics, series),
-            MallocSampler(metrics, series),
-            GcSampler(metrics),
-            TorchCudaSampler(metrics, series, devices),
-            NvmlSampler(metrics, series, uuids=gpu_uuids(devices)),
-        ]
-        if mem.tracemalloc:
-            samplers.append(TracemallocSampler(metrics))
-        for s in samplers:
-            self.scheduler.add(s, mem.interval)
-        if mem.snapshot_interval is not None:
-            self.scheduler.add(TorchCudaSnapshotSampler(metrics, devices), mem.snapshot_interval)
-        self._resource_attributes: dict[str, Any] = {"soakd.device": str(device),
-                                                     **(resource_attributes or {})}
-        if devices:
-            self._resource_attributes["soakd.gpu.name"] = torch.cuda.get_device_name(devices[0])
-            uuids = gpu_uuids(devices)
-            if uuids:
-                self._resource_attributes["soakd.gpu.uuid"] = uuids[0]
+        self.scheduler = SamplerScheduler(metrics, sample_timeout=cfg.memory.sample_timeout)
+        for sampler, interval in samplers:
+            self.scheduler.add(sampler, interval)
+        self._resource_attributes: dict[str, Any] = dict(resource_attributes or {})
         self.bridge: Any = None
         self.tracer: Any = None
         self.batch_hook: BatchHook | None = None
@@ -85,6 +95,7 @@ class Telemetry:
         self._start_otlp()
 
     def _start_otlp(self) -> None:
+        # The OpenTelemetry SDK loads only for runs that push OTLP (it costs ~0.3 s at start).
         from soakd.telemetry.otlp import otlp_wanted
 
         want_metrics, want_traces = otlp_wanted(self.cfg.otel.enabled)

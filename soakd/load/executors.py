@@ -1,0 +1,166 @@
+"""Arrival executors, one small class per model of load (as k6's executors): closed loop keeps N
+requests in flight, open loop sends on a schedule of intended times. The engine asks nothing
+else about how load arrives; :func:`executor_for` is the one place that picks."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from soakd.config import LoadConfig
+from soakd.load.arrivals import gaps
+from soakd.request import Request
+
+# Open loop needs the arrivals thread to get the GIL back promptly after its sleep; the
+# default 5 ms switch interval would put up to 5 ms of lag on every send.
+_OPEN_LOOP_SWITCH_INTERVAL = 0.0005
+
+
+class Sender(Protocol):
+    """The engine, as an executor sees it."""
+
+    clock: Callable[[], float]
+    started_at: float
+
+    @property
+    def inflight(self) -> int: ...
+
+    def make(self, intended: float, now: float) -> Request: ...
+
+    def send(self, reqs: list[Request]) -> None: ...
+
+    def observe_lag(self, lags: list[float], dropped: int) -> None: ...
+
+
+class Executor(Protocol):
+    open_loop: bool
+
+    @property
+    def target_load(self) -> float: ...
+
+    def set_load(self, value: float) -> None: ...
+
+    def start(self, engine: Sender) -> None: ...
+
+    def replace(self, engine: Sender, finished: int) -> None:
+        """Called (under the engine's completion lock) when ``finished`` requests completed."""
+
+    def stop(self) -> None: ...
+
+
+class ClosedLoop:
+    """``concurrency`` requests in flight: each completion sends its replacement at once."""
+
+    open_loop = False
+
+    def __init__(self, concurrency: int) -> None:
+        self._target = max(1, concurrency)
+        self._stopped = False
+
+    @property
+    def target_load(self) -> float:
+        return float(self._target)
+
+    def set_load(self, value: float) -> None:
+        """Raising it sends more at the next completion; lowering it lets completions go without
+        a replacement until the count is down."""
+        self._target = max(1, int(value))
+
+    def start(self, engine: Sender) -> None:
+        now = engine.clock()
+        engine.send([engine.make(now, now) for _ in range(self._target)])
+
+    def replace(self, engine: Sender, finished: int) -> None:
+        if self._stopped:
+            return
+        k = max(0, self._target - (engine.inflight - finished))
+        if k:
+            now = engine.clock()
+            engine.send([engine.make(now, now) for _ in range(k)])
+
+    def stop(self) -> None:
+        self._stopped = True
+
+
+class OpenLoop:
+    """Requests at intended times from a constant, Poisson or gamma process, anchored to the start
+    (never to the previous send): falling behind shows as schedule lag, not a lower rate. Past
+    ``max_inflight`` in flight, arrivals are dropped (counted), not delayed."""
+
+    open_loop = True
+
+    def __init__(self, ld: LoadConfig) -> None:
+        assert ld.rate is not None
+        self.ld = ld
+        self._rate = float(ld.rate)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._old_switch = sys.getswitchinterval()
+
+    @property
+    def target_load(self) -> float:
+        return self._rate
+
+    def set_load(self, value: float) -> None:
+        """The arrivals thread spaces its next arrivals at this rate."""
+        if value <= 0:
+            raise ValueError(f"rate must be > 0, got {value}")
+        self._rate = float(value)
+
+    def start(self, engine: Sender) -> None:
+        sys.setswitchinterval(_OPEN_LOOP_SWITCH_INTERVAL)
+        self._thread = threading.Thread(target=self._arrivals, args=(engine,), name="soakd-arrivals", daemon=True)
+        self._thread.start()
+
+    def replace(self, engine: Sender, finished: int) -> None:
+        return None
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        sys.setswitchinterval(self._old_switch)
+
+    def _arrivals(self, engine: Sender) -> None:
+        ld = self.ld
+        # Gaps of a rate-1 process divided by the current rate: set_rate() takes effect at once.
+        unit = gaps(1.0, ld.arrival, ld.burstiness, ld.seed)
+        cap = ld.max_inflight
+        next_t = engine.started_at + next(unit) / self._rate
+        lags: list[float] = []
+        dropped = 0
+        clock, stop = engine.clock, self._stop
+        last_flush = clock()
+        while not stop.is_set():
+            now = clock()
+            if next_t > now:
+                wait = next_t - now
+                time.sleep(wait if wait < 0.05 else 0.05)
+                continue
+            due: list[Request] = []
+            inflight = engine.inflight
+            while next_t <= now:
+                lags.append(now - next_t)
+                if inflight + len(due) >= cap:
+                    dropped += 1
+                else:
+                    due.append(engine.make(next_t, now))
+                next_t += next(unit) / self._rate
+            if due:
+                engine.send(due)
+            if len(lags) >= 256 or now - last_flush > 0.1:
+                engine.observe_lag(lags, dropped)
+                lags, dropped = [], 0
+                last_flush = now
+        engine.observe_lag(lags, dropped)
+
+
+def executor_for(ld: LoadConfig) -> Executor:
+    """Open loop when a rate is set, else closed loop (the one place this is decided)."""
+    if ld.open_loop:
+        return OpenLoop(ld)
+    return ClosedLoop(ld.concurrency or 1)

@@ -1,0 +1,257 @@
+"""``soakd run``: the run session. It builds every part once, from its own config section, in
+the only place that knows the order, and owns the run's lifecycle:
+
+metrics and /metrics -> state and run id -> target (model on its worker threads) -> telemetry
+and the leak monitor -> request source -> warm-up -> offline probe -> engine -> phases, state
+writer, watchdog, READY -> status ticks until the duration or a signal -> drain -> summary ->
+report and exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from typing import Any, TextIO
+
+import soakd
+from soakd.analysis.monitor import LeakMonitor, monitor_for_run
+from soakd.config import Config
+from soakd.endpoints import EndpointServer
+from soakd.errors import Exit, RunFailed
+from soakd.load.engine import Engine, EngineStats
+from soakd.load.phases import PhaseScheduler
+from soakd.models.loader import LoadedModel
+from soakd.run import steps
+from soakd.run.health import Health
+from soakd.run.lifecycle import Lifecycle
+from soakd.run.status import status_document
+from soakd.run.stop import StopFlag
+from soakd.run.summary import build_summary, print_summary, status_line
+from soakd.run.verdict import conclude
+from soakd.run.windows import Delta, StoreWindow, WindowRecorder, window_length
+from soakd.summary import write_json_atomic
+from soakd.targets.local import LocalModelTarget
+from soakd.telemetry.catalogue import Metrics
+from soakd.telemetry.pipeline import Telemetry, cuda_devices, resource_attributes, run_samplers
+from soakd.telemetry.series import SeriesStore
+
+log = logging.getLogger("soakd")
+
+OVERHEAD_WARN_RATIO = 0.05  # soakd's own per-batch work above this share of model time is said aloud
+OVERLOAD_TICKS = 3  # the queue grew this many status ticks in a row: offered load exceeds capacity
+
+
+def run(cfg: Config, *, out: TextIO = sys.stdout, stop: StopFlag | None = None) -> int:
+    """Run a soak per ``cfg``; returns the process exit code."""
+    return RunSession(cfg, out, stop or StopFlag()).run()
+
+
+class RunSession:
+    def __init__(self, cfg: Config, out: TextIO, stop: StopFlag) -> None:
+        self.cfg = cfg
+        self.out = out
+        self.stop = stop
+        self.metrics = Metrics()
+        stale = cfg.daemon.sampler_stale_after or max(5 * cfg.memory.interval, 30.0)
+        self.health = Health(self.metrics, cfg.daemon.stall_timeout, stale)
+        self.life: Lifecycle | None = None
+        self.engine: Engine | None = None
+        self.leak: LeakMonitor | None = None
+        self.window: Delta | None = None
+        self.offline_rps: float | None = None
+        self._overhead_warned = False
+        self._overload_ticks = 0
+        self._overloaded = False
+        self._last_queued = 0
+
+    # ------------------------------------------------------------------ the whole run
+
+    def run(self) -> int:
+        m = self.metrics
+        m.build_info.labels(soakd.__version__).set(1)
+        server = EndpointServer(self.cfg.metrics.addr, m.registry, health=self.health, status=self.status)
+        server.start()
+        log.info("serving metrics on http://%s/metrics", server.address)
+        restore = self.stop.install()
+        try:
+            # State dir (a corrupt file is moved aside), run id (resumed under systemd),
+            # sd_notify, the log file and SIGHUP.
+            self.life = Lifecycle.open(self.cfg, m, steps.new_run_id)
+            self.life.on_phase.append(self._on_phase)
+            return self._run_loaded(self.life)
+        finally:
+            restore()
+            server.close()
+            if self.life is not None:
+                self.life.close(sys.exc_info()[1])
+
+    def _on_phase(self, phase: str) -> None:
+        if phase == "draining":
+            self.health.stopping = True
+
+    def _run_loaded(self, life: Lifecycle) -> int:
+        cfg = self.cfg
+        model, target = steps.load_target(cfg, self.metrics)
+        try:
+            if self.stop.event.is_set():
+                return self._stopped_early(life, "loading")
+            series = SeriesStore(capacity=cfg.memory.ring_size)
+            life.watch_series(series)  # a durable copy of every sample in the state store
+            telemetry = Telemetry(cfg, self.metrics, run_samplers(cfg, self.metrics, series, model.device),
+                                  resource_attributes=resource_attributes(
+                                      model.device, {"soakd.run_id": life.run_id, "soakd.model": cfg.model.spec}))
+            cuda_index = cuda_devices(model.device)[0] if model.device.type == "cuda" else None
+            # Leak verdicts judged from `series` on the telemetry scheduler; each flip is one event.
+            self.leak = monitor_for_run(cfg, self.metrics, series, cuda_index,
+                                        on_event=lambda kind, detail: life.event(kind, json.dumps(detail, default=str)))
+            self.leak.open()
+            telemetry.scheduler.add_task("leak", self.leak.evaluate, cfg.leak.evaluate_interval)
+            telemetry.start()
+            try:
+                return self._soak(life, model, target, series, telemetry)
+            finally:
+                telemetry.stop()
+                self.leak.close()
+        finally:
+            target.close()
+
+    def _stopped_early(self, life: Lifecycle, during: str) -> int:
+        log.info("received %s during %s: stopping before the soak began", self.stop.name, during)
+        life.end_segment(f"{self.stop.name} during {during}", finished=False)
+        return Exit.OK
+
+    def _soak(self, life: Lifecycle, model: LoadedModel, target: LocalModelTarget, series: SeriesStore,
+              telemetry: Telemetry) -> int:
+        cfg, m = self.cfg, self.metrics
+        source = steps.request_source(cfg, model)
+        life.set_phase("warmup")
+        warm = steps.warm_up(cfg, target, source, cfg.batcher.max_batch_size, self.stop.event, m)
+        if warm.stopped or self.stop.event.is_set():
+            return self._stopped_early(life, "warm-up")
+        offline = steps.probe_offline(cfg, target, source, self.stop.event, m)
+        if self.stop.event.is_set():
+            return self._stopped_early(life, "the offline probe")
+        self.offline_rps = offline["rps"] if offline and offline["rps"] > 0 else None
+        run_fp = steps.run_fingerprint(cfg, life.run_id, model)
+        steps.export_run_info(m, life.run_id, cfg, model, run_fp)
+
+        engine = self.engine = Engine(target, source, cfg, m)
+        engine.batch_hook = telemetry.batch_hook
+        life.begin_segment(run_fp)  # a new segment of the run
+        phases = PhaseScheduler(cfg, engine, life.set_phase, elapsed_before=life.elapsed_before)
+        phases.initial_load()  # the load the phases start from
+        engine.start()
+        self.health.engine = engine
+        windows = WindowRecorder()  # the summary's rows, for the report and compare
+        windows.start(engine.stats())
+        store_window = StoreWindow(engine.stats, window_length(cfg.state.window, cfg.load.duration,
+                                                               cfg.state.flush_interval),
+                                   life.run_id, lambda: life.segment, life.event)
+        store_window.start(engine.stats())
+        try:
+            phases.start()
+            life.ready(store_window.row, self.health)  # state writer, watchdog, then READY=1
+            self._tick_until_done(life, engine, windows)
+        finally:
+            phases.stop()
+        died = target.dead()
+        life.set_phase("draining")  # STOPPING=1, watchdog off
+        if self.stop.signal is not None:
+            log.info("received %s: stopping arrivals and draining", self.stop.name)
+        log.info("draining %d requests in flight (up to %.0fs)", engine.inflight, cfg.load.drain_timeout)
+        queued = engine.stats().queued
+        if not engine.stop():
+            log.warning("drain timed out after %.1fs: %d requests that never reached the model are counted "
+                        "as dropped", cfg.load.drain_timeout, queued)
+        life.set_phase("done")
+        life.end_segment("completed" if self.stop.signal is None else self.stop.name,
+                         finished=self.stop.signal is None and died is None)
+        if died is not None:
+            raise RunFailed(f"a model worker thread ended ({type(died).__name__}: {died}); the run stopped")
+        stats = engine.stats()
+        if offline is not None:
+            offline["achieved_ratio"] = round(stats.completed.get("ok", 0) / stats.elapsed / offline["rps"], 4) \
+                if offline["rps"] > 0 else None
+        verdicts = self.leak.verdicts() if self.leak is not None else {}
+        summary = build_summary(cfg, engine, stats, run=run_fp, cold=steps.cold_start(model, warm, cfg.model.warmup),
+                                windows=windows.rows, series=series, verdicts=verdicts, metrics=m,
+                                elapsed_before=life.elapsed_before, offline=offline)
+        if cfg.output.summary_json:
+            write_json_atomic(cfg.output.summary_json, summary)
+            log.info("summary written to %s", cfg.output.summary_json)
+        print_summary(summary, self.out)
+        # SLO lines, <state-dir>/<run-id>/report.html; 1 when an SLO is missed.
+        return conclude(summary, state_dir=life.store.dir if life.store is not None else None,
+                        run_id=life.run_id, out=self.out)
+
+    # ------------------------------------------------------------------ while it runs
+
+    def _tick_until_done(self, life: Lifecycle, engine: Engine, windows: WindowRecorder) -> None:
+        cfg = self.cfg
+        # A resumed run only runs what is left of its duration.
+        deadline = None if cfg.load.duration is None else time.monotonic() + life.remaining(cfg.load.duration)
+        interval = cfg.metrics.status_interval
+        next_status = time.monotonic() + interval
+        last = engine.stats()
+        while not self.stop.event.is_set() and engine.target.dead() is None:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                break
+            wake = min(next_status, deadline) if deadline is not None else next_status
+            self.stop.event.wait(max(0.0, min(wake - now, 0.5)))
+            if time.monotonic() >= next_status:
+                stats = engine.stats()
+                win = self.window = Delta.between(last, stats)
+                windows.add(stats)
+                print(status_line(stats.elapsed, win, stats, self.offline_rps), file=self.out, flush=True)
+                self._notice_harness(last, stats)
+                self._notice_overload(win, stats)
+                last = stats
+                life.notifier.status(self._status_text(life.phase, win))
+                next_status += interval
+
+    def _notice_harness(self, a: EngineStats, b: EngineStats) -> None:
+        """soakd's own work per batch (collate, completion) against the model's time, said once
+        when it is large enough to bend the figures (as perf_analyzer warns of client overhead)."""
+        model_s = b.model_seconds - a.model_seconds
+        if model_s <= 0:
+            return
+        ratio = (b.overhead_seconds - a.overhead_seconds) / model_s
+        self.metrics.harness_overhead_ratio.set(ratio)
+        if ratio > OVERHEAD_WARN_RATIO and not self._overhead_warned:
+            self._overhead_warned = True
+            log.warning("soakd's own per-batch work is %.0f%% of the model's time: at this load the harness, "
+                        "not only the model, sets the throughput (soakd_harness_overhead_ratio)", 100 * ratio)
+
+    def _notice_overload(self, win: Delta, stats: EngineStats) -> None:
+        """Open loop: a queue that keeps growing means offered load exceeds what the model
+        completes, and the latency measured is mostly queueing."""
+        if not self.cfg.load.open_loop:
+            return
+        deep = stats.queued > 2 * self.cfg.batcher.max_batch_size
+        growing = deep and (win.dropped > 0 or stats.queued > self._last_queued)
+        self._last_queued = stats.queued
+        self._overload_ticks = self._overload_ticks + 1 if growing else 0
+        if self._overload_ticks >= OVERLOAD_TICKS and not self._overloaded:
+            self._overloaded = True
+            offered = self.engine.target_load if self.engine is not None else math.nan
+            log.warning("overloaded: %.1f req/s offered, %.1f req/s completed; %d queued%s. Latency now is "
+                        "mostly queueing: lower --rate or add capacity", offered, win.rps, stats.queued,
+                        f", {win.dropped} dropped in the last window" if win.dropped else "")
+        elif self._overloaded and self._overload_ticks == 0 and stats.queued <= self.cfg.batcher.max_batch_size:
+            self._overloaded = False
+            log.info("no longer overloaded: the queue is down to %d", stats.queued)
+
+    def _status_text(self, phase: str, win: Delta) -> str:
+        p99 = win.percentile_ms(0.99)
+        suspected = sorted(s for s, v in (self.leak.verdicts() if self.leak else {}).items() if v.suspected)
+        leak = f"leak suspected: {', '.join(suspected)}" if suspected else "no leak suspected"
+        return f"{phase}: {win.rps:.1f} req/s, p99 {'-' if math.isnan(p99) else f'{p99:.2f} ms'}, {leak}"
+
+    def status(self) -> dict[str, Any]:
+        """/status: what the run is doing now."""
+        return status_document(self.cfg, self.life, self.engine, self.window, self.health,
+                               self.leak.verdicts() if self.leak is not None else {})

@@ -1,0 +1,132 @@
+"""The run summary (``--summary-json``) built from what the session already holds, the status
+line, and the summary as printed at the end."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, TextIO
+
+import numpy as np
+
+from soakd.config import Config
+from soakd.report.memory import memory_block
+from soakd.report.slo import slo_block
+from soakd.run.windows import Delta
+from soakd.summary import stage_summary
+
+if TYPE_CHECKING:
+    from soakd.analysis.monitor import Verdict
+    from soakd.load.engine import Engine, EngineStats
+    from soakd.telemetry.catalogue import Metrics
+    from soakd.telemetry.series import SeriesStore
+
+
+def _fmt_ms(v: float) -> str:
+    return "    -" if math.isnan(v) else f"{v:7.2f}"
+
+
+def status_line(elapsed: float, win: Delta, stats: EngineStats, offline_rps: float | None = None) -> str:
+    line = (
+        f"[{elapsed:7.0f}s] {win.rps:9.1f} req/s  p50 {_fmt_ms(win.percentile_ms(0.5))} ms"
+        f"  p99 {_fmt_ms(win.percentile_ms(0.99))} ms  errors {win.errors}  inflight {stats.inflight}"
+        f"  queued {stats.queued}"
+    )
+    if offline_rps:
+        line += f"  {win.rps / offline_rps:4.0%} of offline"
+    if win.dropped:
+        line += f"  dropped {win.dropped}"
+    return line
+
+
+def batch_buckets(metrics: Metrics) -> list[dict[str, Any]]:
+    """Batches per ``soakd_batch_size`` bucket (not cumulative), up to the largest size seen."""
+    cumulative: list[tuple[float, float]] = []
+    for family in metrics.batch_size.collect():
+        for s in family.samples:
+            if s.name.endswith("_bucket"):
+                cumulative.append((float(s.labels["le"]), s.value))
+    cumulative.sort()
+    out: list[dict[str, Any]] = []
+    prev = 0.0
+    for le, value in cumulative:
+        n = int(value - prev)
+        prev = value
+        if math.isinf(le):  # beyond the largest bound: fold into it (JSON has no infinity)
+            if n and out:
+                out[-1]["count"] += n
+            continue
+        out.append({"le": le, "count": n})
+    while out and out[-1]["count"] == 0:
+        out.pop()
+    return out
+
+
+def live_verdicts(verdicts: dict[str, Verdict]) -> dict[str, dict[str, Any]]:
+    """The leak monitor's verdicts as the summary's memory section and /status take them."""
+    out: dict[str, dict[str, Any]] = {}
+    for series, v in verdicts.items():
+        j = v.judgement
+        slope = j.slope_bytes_per_hour
+        out[series] = {
+            "suspected": v.suspected,
+            "slope_bytes_per_hour": slope if math.isfinite(slope) else None,
+            "p_value": j.p_value if math.isfinite(slope) and math.isfinite(j.p_value) else None,
+            "exhaustion_eta_seconds": v.eta_seconds if math.isfinite(v.eta_seconds) else None,
+        }
+    return out
+
+
+def build_summary(cfg: Config, engine: Engine, stats: EngineStats, *, run: dict[str, Any],
+                  cold: dict[str, Any], windows: list[dict[str, Any]], series: SeriesStore | None,
+                  verdicts: dict[str, Verdict], metrics: Metrics, elapsed_before: float = 0.0,
+                  offline: dict[str, Any] | None = None) -> dict[str, Any]:
+    completed = stats.completed
+    summary: dict[str, Any] = {
+        "throughput_rps": round(completed.get("ok", 0) / stats.elapsed, 3),
+        "duration_seconds": round(stats.elapsed, 3),
+        "requests": completed,
+        "latency_ms": {s: stage_summary(h) for s, h in stats.stages.items() if h.count or s == "e2e"},
+        "batch_size": {**engine.batch_size_summary(), "buckets": batch_buckets(metrics)},
+        "input_shapes_seen": engine.shapes_seen,
+        "cold_start": cold,
+        "run": run,
+    }
+    if engine.open_loop:
+        lag = stage_summary(stats.lag)
+        summary["schedule_lag_ms"] = {"p50": lag["p50"], "p99": lag["p99"], "max": lag["max"]}
+        sent = sum(completed.values()) + stats.inflight
+        summary["offered_rps"] = round(sent / stats.elapsed, 3)
+    if offline is not None:
+        summary["model_offline"] = offline
+    summary["windows"] = windows
+    samples = {name: series.read(name) for name in series.names()} if series is not None else {}
+    summary["memory"] = memory_block({k: v for k, v in samples.items() if np.size(v[0])}, cfg.leak,
+                                     live_verdicts(verdicts))
+    # A resumed run: earlier segments count toward the minimum duration.
+    summary["run_duration_seconds"] = round(elapsed_before + stats.elapsed, 3)
+    summary["slo"] = slo_block(cfg.slo, summary)
+    return summary
+
+
+def print_summary(summary: dict[str, Any], out: TextIO) -> None:
+    req = summary["requests"]
+    print(f"\nsoakd summary: {summary['throughput_rps']:.1f} req/s over {summary['duration_seconds']:.1f}s, "
+          f"requests {', '.join(f'{k}={v}' for k, v in req.items() if v)}", file=out)
+    if "offered_rps" in summary:
+        print(f"  offered {summary['offered_rps']:.1f} req/s, achieved {summary['throughput_rps']:.1f} req/s",
+              file=out)
+    off = summary.get("model_offline")
+    if off and off.get("rps"):
+        print(f"  model alone at batch {off['batch_size']}: {off['rps']:.1f} req/s "
+              f"(achieved/offline {off['achieved_ratio']:.2f})", file=out)
+    print(f"  {'stage':<12}{'p50':>10}{'p90':>10}{'p99':>10}{'p99.9':>10}{'max':>10}  (ms)", file=out)
+    for stage, s in summary["latency_ms"].items():
+        cells = "".join(
+            f"{(s[k] if s[k] is not None else float('nan')):10.2f}" for k in ("p50", "p90", "p99", "p999", "max")
+        )
+        print(f"  {stage:<12}{cells}", file=out)
+    if "schedule_lag_ms" in summary:
+        lag = summary["schedule_lag_ms"]
+        print(f"  schedule lag p50 {lag['p50']} ms, p99 {lag['p99']} ms, max {lag['max']} ms", file=out)
+    b = summary["batch_size"]
+    print(f"  batch size mean {b['mean']:.2f}, max {b['max']:.0f} over {b['batches']} batches", file=out)

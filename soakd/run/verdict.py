@@ -1,0 +1,42 @@
+"""The end of ``soakd run``: print the SLO verdict, save the summary and the HTML report in the
+state dir, pick the exit code."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, TextIO
+
+from soakd.errors import Exit
+from soakd.report.document import REPORT_NAME, SUMMARY_NAME, build_report, run_dir
+from soakd.report.html import render_html
+from soakd.report.slo import print_verdict
+from soakd.store import StateReader
+from soakd.summary import write_json_atomic, write_text_private
+
+log = logging.getLogger("soakd.report")
+
+
+def write_run_report(state_dir: str | Path, run_id: str, summary: dict[str, Any]) -> Path:
+    """``<state-dir>/<run-id>/summary.json`` and ``report.html``; returns the report's path. The
+    report takes this run's verdicts (memory, SLOs) from ``summary``: nothing is judged twice."""
+    folder = run_dir(state_dir, run_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(folder / SUMMARY_NAME, summary)
+    with StateReader(state_dir) as state:
+        doc = build_report(state.load_run(run_id), summary=summary, judged=True)
+    path = folder / REPORT_NAME
+    write_text_private(path, render_html(doc))
+    return path
+
+
+def conclude(summary: dict[str, Any], *, state_dir: str | Path | None, run_id: str, out: TextIO) -> int:
+    """Print the SLO verdict and the report's path; the exit code (1 when an SLO is missed)."""
+    print_verdict(summary["slo"], out)
+    if state_dir is not None:
+        try:
+            path = write_run_report(state_dir, run_id, summary)
+            print(f"report: {path}", file=out, flush=True)
+        except Exception:  # the soak's verdict stands even if its report cannot be drawn
+            log.exception("cannot write the run's report")
+    return Exit.OK if summary["slo"]["passed"] else Exit.FAIL

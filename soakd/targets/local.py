@@ -1,0 +1,162 @@
+"""The in-process model as a target: a PyTorch callable on a device, run on its own threads."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import torch
+
+from soakd.errors import ModelLoadError
+from soakd.targets.base import WarmupResult
+from soakd.targets.workers import WorkerThreads
+
+log = logging.getLogger("soakd.target")
+
+
+def thread_budget(instances: int, cores: int) -> int:
+    """Intra-op threads per model instance: the cores shared out, not K instances each claiming
+    all of them (K OpenMP teams of ``cores`` threads would oversubscribe the host)."""
+    return max(1, cores // max(1, instances))
+
+
+class LocalModelTarget:
+    """``fn`` on ``device``, called by ``instances`` worker threads (Triton's instance group).
+
+    Each worker sets its own intra-op thread count (its share of ``cpu_threads``, default: what
+    torch would use now) before its first call: under OpenMP ``torch.set_num_threads`` is per
+    calling thread and every thread that runs a parallel op keeps a team of its own, so the
+    setting must be made on the thread that runs the model (docs/model-threads.md).
+    """
+
+    stages = ("queue", "inference")
+    batches: Literal[True] = True
+
+    def __init__(self, fn: Callable[[torch.Tensor], Any], device: torch.device, *, spec: str = "",
+                 instances: int = 1, cpu_threads: int | None = None) -> None:
+        self.fn = fn
+        self.device = device
+        self.spec = spec
+        self.workers = max(1, instances)
+        self._cuda = device.type == "cuda"
+        budget = torch.get_num_threads() if cpu_threads is None else cpu_threads
+        self.threads_per_worker = thread_budget(self.workers, budget)
+        per = self.threads_per_worker
+        self._threads = WorkerThreads(self.workers, "soakd-model", lambda i: torch.set_num_threads(per))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self._threads.start()
+
+    def serve(self, loop: Callable[[int], None]) -> None:
+        self._threads.serve(loop)
+
+    def dead(self) -> BaseException | None:
+        return self._threads.died
+
+    def join(self, timeout: float) -> bool:
+        return self._threads.join(timeout)
+
+    def close(self) -> None:
+        self._threads.close()
+
+    # ------------------------------------------------------------------ calls (on worker threads)
+
+    def run_batch(self, batch: torch.Tensor) -> Any:
+        x = batch.to(self.device, non_blocking=True)
+        with torch.inference_mode():
+            out = self.fn(x)
+        if self._cuda:
+            torch.cuda.synchronize(self.device)
+        return out
+
+    def warm_up(self, inputs: Sequence[torch.Tensor], runs: int, max_batch: int,
+                stop: threading.Event) -> WarmupResult:
+        """``runs`` calls on every worker, cycling the inputs at batch 1 and ``max_batch``.
+
+        A model that fails every call is a setup error (ModelLoadError: exit 2, with its own
+        message and the shape it was given); one that fails now and then is warmed up anyway and
+        its failures are counted."""
+        batches = _warmup_batches(inputs, max_batch)
+        t0 = time.perf_counter()
+
+        def one(worker: int) -> WarmupResult:
+            res = WarmupResult()
+            last: tuple[BaseException, tuple[int, ...]] | None = None
+            for k in range(max(runs, 1)):
+                if stop.is_set():
+                    res.stopped = True
+                    break
+                x = batches[k % len(batches)]
+                start = time.perf_counter()
+                try:
+                    self.run_batch(x)
+                except BaseException as exc:  # SystemExit from user code too: counted, not fatal
+                    if isinstance(exc, KeyboardInterrupt):
+                        raise
+                    res.failures += 1
+                    kind = type(exc).__name__
+                    res.failure_kinds[kind] = res.failure_kinds.get(kind, 0) + 1
+                    if last is None:  # the first failure: batch 1, the plainest case to read
+                        last = (exc, tuple(x.shape))
+                res.calls += 1
+                if k == 0:
+                    res.first_seconds = time.perf_counter() - start
+            if res.calls and res.failures == res.calls and last is not None:
+                error, shape = last
+                raise ModelLoadError(
+                    f"{self.spec or 'the model'} failed all {res.calls} warm-up calls; given input shape "
+                    f"{'x'.join(map(str, shape[1:]))} at batch {shape[0]} it raised {type(error).__name__}: "
+                    f"{_one_line(error)} (check --input-shapes / input.shapes)")
+            return res
+
+        results = self._threads.call_all(one)
+        total = WarmupResult(first_seconds=results[0].first_seconds, total_seconds=time.perf_counter() - t0,
+                             calls=sum(r.calls for r in results), failures=sum(r.failures for r in results),
+                             stopped=any(r.stopped for r in results))
+        for r in results:
+            for kind, n in r.failure_kinds.items():
+                total.failure_kinds[kind] = total.failure_kinds.get(kind, 0) + n
+        if total.failures:
+            log.warning("warm-up: %d of %d calls failed (%s); the model is flaky, the soak goes on",
+                        total.failures, total.calls, ", ".join(f"{k} x{n}" for k, n in total.failure_kinds.items()))
+        return total
+
+    def measure_offline(self, x: torch.Tensor, seconds: float, max_calls: int, stop: threading.Event) -> float:
+        """The model alone at this batch: every worker calls it back to back on the same input for
+        ``seconds`` or ``max_calls`` calls, whichever comes first (a test model that changes its
+        behaviour after N calls sees a bounded number); requests per second over all workers
+        (0 when a call failed)."""
+        batch = x.shape[0]
+
+        def probe(worker: int) -> float:
+            t0 = time.perf_counter()
+            calls = 0
+            while not stop.is_set():
+                try:
+                    self.run_batch(x)
+                except Exception:
+                    return 0.0
+                calls += 1
+                elapsed = time.perf_counter() - t0
+                if elapsed >= seconds or calls >= max_calls:
+                    return calls * batch / elapsed
+            return 0.0
+
+        return float(sum(self._threads.call_all(probe)))
+
+
+def _warmup_batches(inputs: Sequence[torch.Tensor], max_batch: int) -> list[torch.Tensor]:
+    """Each input at batch 1, then each at ``max_batch``; made once and reused, as a server would."""
+    ones = [t.unsqueeze(0).contiguous() for t in inputs]
+    fulls = [t.unsqueeze(0).expand(max_batch, *t.shape).contiguous() for t in inputs] if max_batch > 1 else []
+    return ones + fulls
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else "(no message)"
