@@ -9,8 +9,8 @@ them to it):
   for the blocks after it. A fence with no language must not hold commands.
 - ```sh gpu blocks run only where CUDA is available; ```sh template blocks never run (they need
   files, hosts or services the user brings, and say which on a `# template:` line).
-- A command runs to its end and must exit 0, or the code its comment names (`# exit 0, or 1 on
-  a regression`, `# exits 1: ...`).
+- A command runs to its end and must exit 0, or the codes its comment starts with
+  (`# exit 0 or 1: the SLO verdict`, `# exits 1: why`; the colon makes it a promise).
 - A command that runs until stopped (`soakd run` without `--duration`, `prometheus`) is started
   and waited on until it answers (soakd: `/healthz` says 200 on its `--metrics-addr`, default
   127.0.0.1:9464; Prometheus: `/-/ready`); it keeps running while the rest of its block runs, as
@@ -20,7 +20,8 @@ them to it):
   `--duration 3s`, `--step-duration` longer than 2 s becomes `--step-duration 2s`; and, where no
   `.venv` exists, `.venv/bin/soakd` and `.venv/bin/python` become this interpreter.
 - Not re-run: `make`, `pip` and bootstrap commands (the suite runs after them). `docker compose`
-  commands run only where a Docker engine answers (`docker info`), and are taken down after.
+  commands run only where a Docker engine answers (`docker info`), and are taken down after;
+  `kubectl` blocks only where a cluster answers (`kubectl cluster-info`).
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def comment_of(cmd: str) -> str:
 
 
 def expected_codes(cmd: str) -> set[int]:
-    m = re.search(r"\bexits? (\d(?:(?:,? or |, )\d)*)", comment_of(cmd))
+    m = re.match(r"exits? (\d(?: or \d)*):", comment_of(cmd))  # "# exit 0 or 1: why", "# exits 1: why"
     return {int(d) for d in re.findall(r"\d", m.group(1))} if m else {0}
 
 
@@ -232,6 +233,13 @@ def docker_answers() -> bool:
     if shutil.which("docker") is None:
         return False
     return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
+
+
+@cache
+def cluster_answers() -> bool:
+    if shutil.which("kubectl") is None:
+        return False
+    return subprocess.run(["kubectl", "cluster-info"], capture_output=True, timeout=30).returncode == 0
 
 
 @cache
@@ -337,6 +345,8 @@ def skip_reason(block: Block, cmds: list[str]) -> str | None:
         return "make/pip/bootstrap: not re-run, the suite runs after them"
     if any("docker compose" in c for c in cmds) and not docker_answers():
         return "docker compose: no Docker engine answers here (`docker info` fails)"
+    if any(re.search(r"\bkubectl ", c) for c in cmds) and not cluster_answers():
+        return "kubectl: no Kubernetes cluster answers here (`kubectl cluster-info` fails)"
     missing = sorted({program(c) for c in cmds if program(c) in NEEDS_TOOL and shutil.which(program(c)) is None})
     if missing:
         return f"needs {', '.join(missing)} on PATH (Debian: apt install prometheus)"
