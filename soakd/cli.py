@@ -199,6 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return compare_command(ns)
         cfg = load_config(ns.config, _overrides(ns))
+        from soakd.preflight import preflight  # after load_config: the checks need a valid config
+
+        preflight(cfg)  # before anything is loaded: a bad address or path costs a second, not a soak
         if command == "sweep":
             from soakd.run.sweep import sweep_command  # lazy: only the subcommand's own modules load
 

@@ -2,12 +2,19 @@
 
 Every key has a default, so an empty file (or none) is a valid config. Every error names
 the key path (``load.concurrency``) or the file, and surfaces as :class:`ConfigError`,
-which the CLI turns into exit code 2.
+which the CLI turns into exit code 2. Every number has a bound that follows from the machine
+or the protocol (see "bounds" below), and the error names the key, the value and the bound.
+
+This module imports nothing of soakd above it: only :mod:`soakd.errors`, :mod:`soakd.names`
+and :mod:`soakd.specs` (the pure parsers of the strings a config holds).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
+import math
 import os
 import re
 import sys
@@ -17,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
@@ -24,6 +33,17 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 
 from soakd.errors import ConfigError
+from soakd.names import LEAK_SERIES, STAGES
+from soakd.specs import (
+    BUILTIN_DEFAULT_SHAPES,
+    check_crontab,
+    check_model_input,
+    check_model_spec,
+    is_seq_spec,
+    parse_model_spec,
+    parse_seq_spec,
+    parse_shape_mix,
+)
 
 __all__ = ["ConfigError"]  # re-exported: most callers meet it here, beside load_config
 
@@ -32,12 +52,30 @@ _DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|us|µs|s|m|h|d)?", re.IG
 _UNIT_SECONDS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
+# A duration of ten years outlasts any soak and keeps every deadline soakd computes from one
+# (the monotonic clock plus the duration) far inside threading.TIMEOUT_MAX (292 years) and
+# exact in a float; beyond it, timers overflow (OverflowError) or wait forever.
+MAX_DURATION = 10 * 366 * 86400.0
+
+
 def parse_duration(value: str | float | int) -> float:
-    """Parse ``90s``, ``1h30m``, ``250ms`` or a plain number of seconds into seconds."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a duration, got {value!r}")
-    if isinstance(value, (int, float)):
-        return float(value)
+    """Parse ``90s``, ``1h30m``, ``250ms`` or a plain number of seconds into seconds.
+
+    ValueError for anything else: text that is no duration, a TOML date or time, inf, nan, or
+    more than :data:`MAX_DURATION`."""
+    if isinstance(value, (datetime.date, datetime.time)):  # TOML has dates; a duration is not one
+        raise ValueError(f"expected a duration such as 90s or 1h30m, got the TOML date/time {value}")
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(f"expected a duration such as 90s or 1h30m, got {value!r}")
+    total = float(value) if isinstance(value, (int, float)) else _parse_duration_text(value)
+    if not math.isfinite(total):
+        raise ValueError(f"duration must be a finite number of seconds, got {value!r}")
+    if total > MAX_DURATION:
+        raise ValueError(f"duration {value!r} is longer than the bound of 10 years ({MAX_DURATION:.0f}s)")
+    return total
+
+
+def _parse_duration_text(value: str) -> float:
     text = value.strip()
     if not text:
         raise ValueError("empty duration")
@@ -112,6 +150,8 @@ class InputConfig:
     postprocess: str = "auto"  # auto (on with samples; kind by output shape) | none | classify | detect
     pad: bool = False  # token sequences: one batch key, padded to the batch's longest
     max_tokens: int = 512  # text samples: tokens kept per request
+    # A sample file (or one line of a text file) larger than this is bad_input, read no further.
+    max_sample_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass
@@ -228,8 +268,16 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def redacted(self) -> dict[str, Any]:
+        """:meth:`to_dict` with credential-like values replaced: what every output may hold."""
+        redacted: dict[str, Any] = redact_secrets(self.to_dict())
+        return redacted
+
 
 # --------------------------------------------------------------------------- loading
+
+
+MAX_INT = 2**63 - 1
 
 
 def _coerce(value: Any, tp: Any, path: str, meta: typing.Mapping[str, Any]) -> Any:
@@ -256,25 +304,27 @@ def _coerce(value: Any, tp: Any, path: str, meta: typing.Mapping[str, Any]) -> A
     if tp is int:
         if isinstance(value, bool):
             raise ConfigError(f"{path}: expected an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
+        number: int | None = value if isinstance(value, int) else None
         if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{path}: expected an integer, got {value!r}")
+            with contextlib.suppress(ValueError):
+                number = int(value)
+        if number is None:
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        if not -MAX_INT <= number <= MAX_INT:  # the database and numpy hold 64-bit integers
+            raise ConfigError(f"{path}: {value} is outside the 64-bit integer range [-{MAX_INT}, {MAX_INT}]")
+        return number
     if tp is float:
         if isinstance(value, bool):
             raise ConfigError(f"{path}: expected a number, got {value!r}")
-        if isinstance(value, (int, float)):
-            return float(value)
+        real: float | None = float(value) if isinstance(value, (int, float)) else None
         if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{path}: expected a number, got {value!r}")
+            with contextlib.suppress(ValueError):
+                real = float(value)
+        if real is None:
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        if not math.isfinite(real):  # no setting means anything at inf or nan; reports cannot hold them
+            raise ConfigError(f"{path}: must be a finite number, got {value!r}")
+        return real
     if tp is str:
         if isinstance(value, str):
             return value
@@ -323,20 +373,37 @@ def _set_path(data: dict[str, Any], path: str, value: Any) -> None:
     data.setdefault(section, {})[key] = value
 
 
+MAX_CONFIG_BYTES = 4 * 1024 * 1024  # a config is a page of keys; a larger file is the wrong file
+
+
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The file's TOML as a dict; ConfigError (one line, naming the file) for anything else:
+    missing, unreadable, larger than 4 MiB, not UTF-8, not TOML, or nested too deeply."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read config file: {exc.strerror}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{p}: larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB: not a config file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not a text file (not UTF-8 at byte {exc.start}); expected TOML") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: not valid TOML: arrays or tables nested too deeply") from None
+
+
 def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None) -> Config:
     """Read TOML (when given), apply ``{"load.concurrency": 4}``-style overrides, validate."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        try:
-            with p.open("rb") as fh:
-                data = tomllib.load(fh)
-        except FileNotFoundError:
-            raise ConfigError(f"{p}: config file not found") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{p}: not valid TOML: {exc}") from None
-        except OSError as exc:
-            raise ConfigError(f"{p}: cannot read config file: {exc.strerror}") from None
+    data: dict[str, Any] = read_toml(path) if path is not None else {}
     overrides = overrides or {}
     # A load mode given on the command line replaces the other mode from the file.
     if "load.concurrency" in overrides and "load.rate" not in overrides:
@@ -355,10 +422,162 @@ def _require(cond: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def validate(cfg: Config) -> None:
-    """Cross-field and range checks; raises ConfigError naming the key path."""
-    from soakd.models.spec import check_model_input, check_model_spec  # local: keeps torch out of config import
+# --------------------------------------------------------------------------- bounds
+#
+# Each bound follows from the machine or the protocol, and says so in its error.
 
+# Open-loop arrivals are stamped one at a time by one thread, about 1 µs each (200,000/s
+# measured with a flat RSS); above one per microsecond the sender can never catch up, and the
+# schedule's lag (and its memory) grows without bound.
+MAX_RATE = 1_000_000.0
+# Gamma gaps have shape 1/burstiness. At burstiness 100 (shape 0.01) one gap in 2,000 underflows
+# to exactly 0 in float64; at 1000, half of them do: arrivals in unbounded bursts at one instant.
+MAX_BURSTINESS = 100.0
+REQUEST_BYTES = 512  # one request in flight: its record (slots), timings and queue entries
+TENSOR_OVERHEAD_BYTES = 1024  # a pooled tensor's Python and torch objects, beside its data
+RING_SERIES = 32  # memory series soakd keeps a ring for (its own, the GPU's, scraped gauges)
+RING_SAMPLE_BYTES = 16  # one (unix time, value) pair of float64
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+TOKEN_BYTES = 8  # token ids are int64
+MIN_TIMER = 0.001  # seconds: finer timers than this are below what a thread's wake-up can keep
+MIN_FLUSH_INTERVAL = 0.1  # seconds: each state flush is one SQLite transaction
+MIN_MEMORY_INTERVAL = 0.1  # seconds: one round of every memory collector takes milliseconds
+MAX_RESAMPLES = 1_000_000  # bootstrap resamples: past 10^6 a 95% interval's third digit holds still
+MODEL_THREADS_PER_CPU = 4  # model threads beyond this per core only queue for the cores and the GIL
+MAX_RUN_ID = 128  # a run id names a folder and files in the state dir (NAME_MAX is 255)
+_RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def host_memory_bytes() -> int:
+    """This host's RAM (psutil): what every in-memory bound is measured against."""
+    return int(psutil.virtual_memory().total)
+
+
+def max_model_threads() -> int:
+    return max(8, MODEL_THREADS_PER_CPU * (os.cpu_count() or 1))
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def parse_host_port(addr: str, key: str = "metrics.addr") -> tuple[str, int]:
+    """``HOST:PORT``, ``[IPV6]:PORT`` or ``:PORT`` (loopback) -> (host, port); ConfigError naming
+    ``key`` otherwise. An IPv6 address needs its brackets: ``::1:9464`` is ambiguous."""
+    text = addr.strip()
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+        if not sep or not host:
+            raise ConfigError(f"{key}: expected [IPV6]:PORT, got {addr!r}")
+    else:
+        host, sep, port = text.rpartition(":")
+        if not sep:
+            raise ConfigError(f"{key}: expected HOST:PORT, got {addr!r}")
+        if ":" in host:
+            raise ConfigError(f"{key}: {addr!r}: put an IPv6 address in brackets, e.g. [::1]:9464")
+    if not (port.isdigit() and 0 <= int(port) <= 65535):
+        raise ConfigError(f"{key}: port must be within [0, 65535], got {addr!r}")
+    if host and not re.fullmatch(r"[A-Za-z0-9.:%_-]+", host):
+        raise ConfigError(f"{key}: {host!r} is not a host name or address")
+    return host or "127.0.0.1", int(port)
+
+
+def check_run_id(run_id: str, key: str = "state.run_id") -> str:
+    """A run id names a folder in the state dir: letters, digits and ``-_.``, no path."""
+    if not _RUN_ID_RE.fullmatch(run_id) or ".." in run_id or len(run_id) > MAX_RUN_ID:
+        raise ConfigError(
+            f"{key}: {run_id!r} is not a run name (letters, digits, '-', '_', '.', starting with a "
+            f"letter or digit, no '..', at most {MAX_RUN_ID} characters)"
+        )
+    return run_id
+
+
+def _shape_spec(cfg: Config) -> str:
+    """The input shape spec in force: ``input.shapes``, else a builtin model's default."""
+    if cfg.input.shapes:
+        return cfg.input.shapes
+    try:
+        spec = parse_model_spec(cfg.model.spec)
+    except ValueError:
+        return ""
+    return BUILTIN_DEFAULT_SHAPES.get(spec.target, "") if spec.kind == "builtin" else ""
+
+
+def _check_memory(cfg: Config) -> None:
+    """Refuse, before anything is allocated, settings whose tensors and buffers would not fit in
+    half this host's RAM (the rest is the model's, the allocator's and the OS's)."""
+    host = host_memory_bytes()
+    budget = host // 2
+    inp, b = cfg.input, cfg.batcher
+    inflight = cfg.load.concurrency if cfg.load.concurrency is not None else cfg.load.max_inflight
+    inflight_key = "load.concurrency" if cfg.load.concurrency is not None else "load.max_inflight"
+    # (key, value, bytes, what): the parts soakd itself holds for these settings.
+    parts: list[tuple[str, object, int, str]] = []
+    spec = _shape_spec(cfg)
+    one = 0  # bytes of the largest single request tensor
+    if spec and is_seq_spec(spec):
+        seq = parse_seq_spec(spec)
+        one = seq.high * TOKEN_BYTES
+        parts.append(("input.shapes", spec, one, f"one {seq.high}-token sequence"))
+        parts.append(("batcher.max_batch_size", b.max_batch_size, b.instances * b.max_batch_size * one,
+                      f"batches of {b.max_batch_size} x {seq.high} tokens on {b.instances} model thread(s)"))
+    elif spec:
+        itemsize = DTYPE_BYTES.get(cfg.model.dtype, 4)
+        sizes = [(shape, math.prod(shape) * itemsize) for shape, _ in parse_shape_mix(spec)]
+        one = max(n for _, n in sizes)
+        names = "+".join("x".join(map(str, shape)) for shape, _ in sizes)
+        if cfg.input.samples is None:
+            pooled = sum(inp.pool * (n + TENSOR_OVERHEAD_BYTES) for _, n in sizes)
+            parts.append(("input.pool", inp.pool, pooled, f"{inp.pool} pooled {names} {cfg.model.dtype} tensors"))
+        else:  # decoded samples: each request in flight holds its own tensor
+            parts.append((inflight_key, inflight, inflight * one, f"a decoded {names} sample per request in flight"))
+        parts.append(("batcher.max_batch_size", b.max_batch_size, b.instances * b.max_batch_size * one,
+                      f"batches of {b.max_batch_size} on {b.instances} model thread(s)"))
+    parts.append((inflight_key, inflight, inflight * REQUEST_BYTES, f"{inflight} requests in flight"))
+    if inp.samples is not None:  # each preprocess worker may hold one whole sample (bytes, then decoded)
+        parts.append(("input.max_sample_bytes", inp.max_sample_bytes,
+                      2 * inp.preprocess_workers * inp.max_sample_bytes,
+                      f"{inp.preprocess_workers} preprocess workers reading samples of up to "
+                      f"{format_bytes(inp.max_sample_bytes)}"))
+    ring = cfg.memory.ring_size
+    parts.append(("memory.ring_size", ring, ring * RING_SAMPLE_BYTES * RING_SERIES,
+                  f"{RING_SERIES} memory rings of {ring} samples"))
+    total = sum(n for _, _, n, _ in parts)
+    if total <= budget:
+        return
+    key, value, _, _ = max(parts, key=lambda p: p[2])
+    if one > budget:  # one request's tensor alone is too large: the shape is the setting at fault
+        key, value = "input.shapes", spec
+    detail = ", ".join(f"{what} {format_bytes(n)}" for _, _, n, what in parts if n)
+    raise ConfigError(
+        f"{key}: {value!r} needs {format_bytes(total)} of host memory ({detail}): over the bound of half "
+        f"this host's RAM, {format_bytes(budget)} of {format_bytes(host)}"
+    )
+
+
+def _require_range(key: str, value: float, low: float, high: float, why: str = "") -> None:
+    if not low <= value <= high:
+        reason = f" ({why})" if why else ""
+        raise ConfigError(f"{key}: must be within [{low:g}, {high:g}]{reason}, got {value:g}")
+
+
+def _check_durations(cfg: Config) -> None:
+    """Positive durations are at least a millisecond: no timer of soakd's means anything finer."""
+    for section in dataclasses.fields(cfg):
+        sub = getattr(cfg, section.name)
+        for f in dataclasses.fields(sub):
+            value = getattr(sub, f.name)
+            if f.metadata.get("duration") and value and value < MIN_TIMER:
+                raise ConfigError(f"{section.name}.{f.name}: must be 0 or >= {MIN_TIMER * 1000:g}ms "
+                                  f"(finer than a thread's wake-up), got {value:g}s")
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field and range checks; raises ConfigError naming the key path, value and bound."""
     check_model_spec(cfg.model.spec)
     _require(
         re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.model.device) is not None,
@@ -369,6 +588,7 @@ def validate(cfg: Config) -> None:
         cfg.model.dtype in ("float32", "float16", "bfloat16"),
         f"model.dtype: expected float32, float16 or bfloat16, got {cfg.model.dtype!r}",
     )
+    _check_durations(cfg)
     ld = cfg.load
     _require(
         ld.concurrency is None or ld.rate is None,
@@ -380,27 +600,38 @@ def validate(cfg: Config) -> None:
         _require(ld.concurrency >= 1, f"load.concurrency: must be >= 1, got {ld.concurrency}")
     if ld.rate is not None:
         _require(ld.rate > 0, f"load.rate: must be > 0 requests/s, got {ld.rate}")
+        _require(ld.rate <= MAX_RATE,
+                 f"load.rate: {ld.rate:g} requests/s is over the bound of {MAX_RATE:g}/s (one arrival per "
+                 "microsecond: soakd's sender stamps each arrival in about 1 µs and could never catch up)")
     _require(
         ld.arrival in ("constant", "poisson", "gamma"),
         f"load.arrival: expected constant, poisson or gamma, got {ld.arrival!r}",
     )
     _require(ld.burstiness > 0, f"load.burstiness: must be > 0, got {ld.burstiness}")
+    _require(ld.burstiness <= MAX_BURSTINESS,
+             f"load.burstiness: {ld.burstiness:g} is over the bound of {MAX_BURSTINESS:g} (gamma shape "
+             f"1/{ld.burstiness:g}: most gaps underflow to exactly 0, one unbounded burst)")
     _require(ld.max_inflight >= 1, f"load.max_inflight: must be >= 1, got {ld.max_inflight}")
+    _require(0 <= ld.seed <= MAX_INT, f"load.seed: must be within [0, {MAX_INT}] (numpy seeds), got {ld.seed}")
     b = cfg.batcher
     _require(b.max_batch_size >= 1, f"batcher.max_batch_size: must be >= 1, got {b.max_batch_size}")
+    stall_ms = cfg.daemon.stall_timeout * 1000
     _require(b.max_queue_delay_ms >= 0, f"batcher.max_queue_delay_ms: must be >= 0, got {b.max_queue_delay_ms}")
+    _require(b.max_queue_delay_ms < stall_ms,
+             f"batcher.max_queue_delay_ms: {b.max_queue_delay_ms:g} is over the bound of daemon.stall_timeout "
+             f"({stall_ms:g} ms: a request waiting that long for a batch reads as a hung model)")
+    threads = max_model_threads()
     _require(b.instances >= 1, f"batcher.instances: must be >= 1, got {b.instances}")
+    _require(b.instances <= threads,
+             f"batcher.instances: {b.instances} is over the bound of {threads} ({MODEL_THREADS_PER_CPU} model "
+             f"threads per CPU core of this host's {os.cpu_count()}; more only queue for the cores)")
     _require(cfg.input.pool >= 1, f"input.pool: must be >= 1, got {cfg.input.pool}")
-    if cfg.input.shapes.replace(" ", "").startswith("seq:"):
-        from soakd.workload.seqlen import parse_seq_spec  # local: numpy and torch stay out of config import
-
+    if is_seq_spec(cfg.input.shapes):
         try:
             parse_seq_spec(cfg.input.shapes)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     elif cfg.input.shapes:
-        from soakd.workload.shape_spec import parse_shape_mix  # torch-free, like parse_seq_spec
-
         try:
             parse_shape_mix(cfg.input.shapes)
         except ValueError as exc:
@@ -417,12 +648,14 @@ def validate(cfg: Config) -> None:
         f"input.postprocess: expected auto, none, classify or detect, got {cfg.input.postprocess!r}",
     )
     _require(cfg.input.max_tokens >= 1, f"input.max_tokens: must be >= 1, got {cfg.input.max_tokens}")
-    _, sep, port = cfg.metrics.addr.rpartition(":")
-    _require(
-        bool(sep) and port.isdigit() and 0 <= int(port) <= 65535,
-        f"metrics.addr: expected HOST:PORT, got {cfg.metrics.addr!r}",
-    )
+    _require(cfg.input.max_sample_bytes >= 1,
+             f"input.max_sample_bytes: must be >= 1, got {cfg.input.max_sample_bytes}")
+    parse_host_port(cfg.metrics.addr)
     _require(cfg.memory.ring_size >= 10, f"memory.ring_size: must be >= 10, got {cfg.memory.ring_size}")
+    _require(cfg.memory.interval >= MIN_MEMORY_INTERVAL,
+             f"memory.interval: must be >= {MIN_MEMORY_INTERVAL:g}s (one round of every memory collector "
+             f"takes milliseconds), got {cfg.memory.interval:g}s")
+    _check_memory(cfg)
     _validate_leak(cfg.leak)
     _require(
         0.0 <= cfg.otel.trace_sample_ratio <= 1.0,
@@ -431,8 +664,6 @@ def validate(cfg: Config) -> None:
     for name in ("p99_ms", "max_error_ratio", "min_throughput_rps"):
         v = getattr(cfg.slo, name)
         _require(v is None or v >= 0, f"slo.{name}: must be >= 0, got {v}")
-    from soakd.telemetry.catalogue import STAGES
-
     for stage, limit in cfg.slo.stage_p99_ms.items():
         _require(stage in STAGES, f"slo.stage_p99_ms.{stage}: unknown stage (known: {', '.join(STAGES)})")
         _require(limit >= 0, f"slo.stage_p99_ms.{stage}: must be >= 0, got {limit}")
@@ -442,26 +673,39 @@ def validate(cfg: Config) -> None:
     for name in ("max_p99_increase", "max_error_ratio_increase"):
         _require(getattr(cp, name) >= 0, f"compare.{name}: must be >= 0, got {getattr(cp, name)}")
     _require(0.5 <= cp.confidence < 1, f"compare.confidence: must be within [0.5, 1), got {cp.confidence}")
-    _require(cp.resamples >= 100, f"compare.resamples: must be >= 100, got {cp.resamples}")
+    _require_range("compare.resamples", cp.resamples, 100, MAX_RESAMPLES,
+                   "past a million a 95% interval no longer moves")
     ph = cfg.phases
     _require(0.0 < ph.ramp_from <= 1.0, f"phases.ramp_from: must be within (0, 1], got {ph.ramp_from}")
     _require(ph.probe_factor > 0, f"phases.probe_factor: must be > 0, got {ph.probe_factor}")
+    if ld.rate is not None and ph.probe_schedule:
+        _require(ld.rate * ph.probe_factor <= MAX_RATE,
+                 f"phases.probe_factor: {ph.probe_factor:g} x load.rate {ld.rate:g} is over the bound of "
+                 f"{MAX_RATE:g} requests/s (load.rate's)")
     if ph.probe_schedule:
-        from apscheduler.triggers.cron import CronTrigger
-
         try:
-            CronTrigger.from_crontab(ph.probe_schedule)
+            check_crontab(ph.probe_schedule)
         except ValueError as exc:
             raise ConfigError(f"phases.probe_schedule: {ph.probe_schedule!r}: {exc} (use crontab syntax, "
                               "e.g. '0 * * * *')") from None
     _require(cfg.state.window >= cfg.state.flush_interval,
              f"state.window: must be >= state.flush_interval ({cfg.state.flush_interval}s), "
              f"got {cfg.state.window}s")
+    _require(cfg.state.flush_interval >= MIN_FLUSH_INTERVAL,
+             f"state.flush_interval: must be >= {MIN_FLUSH_INTERVAL:g}s (each flush is one SQLite transaction), "
+             f"got {cfg.state.flush_interval:g}s")
+    if cfg.state.run_id is not None:
+        check_run_id(cfg.state.run_id)
+    for key, value in (("output.log_file", cfg.output.log_file), ("output.summary_json", cfg.output.summary_json)):
+        if value is not None:
+            _require(bool(value.strip()), f"{key}: empty path")
+            _require(not Path(value).is_dir(), f"{key}: {value} is a directory, not a file")
+    if cfg.output.log_file is not None:
+        parent = Path(cfg.output.log_file).parent
+        _require(parent.is_dir(), f"output.log_file: {cfg.output.log_file}: directory {parent} does not exist")
 
 
 def _validate_leak(lk: LeakConfig) -> None:
-    from soakd.telemetry.catalogue import LEAK_SERIES
-
     for name, floor in lk.min_slope_bytes_per_hour.items():
         known = ", ".join(("default", *LEAK_SERIES))
         _require(name in LEAK_SERIES or name == "default",
@@ -479,3 +723,32 @@ def _validate_leak(lk: LeakConfig) -> None:
     _require(1 <= lk.cuda_history_max_entries <= 10_000_000,
              f"leak.cuda_history_max_entries: must be within [1, 10000000], "
              f"got {lk.cuda_history_max_entries}")
+
+
+# --------------------------------------------------------------------------- secrets
+
+# Key-name parts that mark a credential. Matched on whole parts (``api_token``, ``apiKey``,
+# ``X-Auth-Token``), so ``max_tokens`` or ``keyframes`` stay readable.
+SECRET_PARTS = frozenset({
+    "token", "key", "apikey", "secret", "password", "passwd", "passphrase", "authorization", "auth",
+    "credential", "credentials", "cookie", "bearer",
+})
+REDACTED = "<redacted>"
+_KEY_PART_RE = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
+
+
+def is_secret_key(name: str) -> bool:
+    """Whether a config key's name says its value is a credential (case-insensitive, by parts)."""
+    return any(part.lower() in SECRET_PARTS for part in _KEY_PART_RE.findall(name))
+
+
+def redact_secrets(data: Any) -> Any:
+    """A copy of ``data`` (dicts, lists, scalars) with the value of every credential-like key
+    replaced by ``"<redacted>"``, at any depth. The one redaction every output goes through:
+    summary.json and the state database (the run fingerprint's ``config``), and the reports."""
+    if isinstance(data, dict):
+        return {k: REDACTED if isinstance(k, str) and is_secret_key(k) and v is not None else redact_secrets(v)
+                for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [redact_secrets(v) for v in data]
+    return data

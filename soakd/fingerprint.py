@@ -80,5 +80,5 @@ def fingerprint(cfg: Config, *, run_id: str, model_spec: str, model_sha256: str,
         "driver_version": nvidia_driver_version() if device.type == "cuda" else None,
         "python_version": platform.python_version(),
         "allocator_env": {k: os.environ[k] for k in ALLOCATOR_ENV if k in os.environ},
-        "config": cfg.to_dict(),
+        "config": cfg.redacted(),  # credential-like values (model.options.api_token...) never leave
     }

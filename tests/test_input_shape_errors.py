@@ -82,10 +82,6 @@ class TestModelFileWithoutShape:
 
 
 
-
-@pytest.mark.xfail(strict=True, reason="lead: the warm-up error quotes the first line of a TorchScript error "
-                   "('The following operation failed in the TorchScript interpreter.'), not its last, the "
-                   "model's own words (soakd/targets/local.py _one_line)")
 def test_model_that_rejects_the_input_exits_2(tmp_path: Path) -> None:
     """A TorchScript Linear(16, 4) fed 3x224x224: exit 2 with the model's own message in one
     line that names the shape, not exit 3 and a traceback."""

@@ -89,6 +89,15 @@ def _call_with_options(factory: Callable[..., Any], options: dict[str, Any], whe
         raise ModelLoadError(f"{where}: factory raised {type(exc).__name__}: {exc}") from exc
 
 
+def _one_line(exc: BaseException) -> str:
+    """The error as one line: a SyntaxError's file:line and message, else ``Type: message``
+    (``SystemExit`` too: a module that calls sys.exit() on import is a load error, not an exit)."""
+    if isinstance(exc, SyntaxError):
+        return f"{type(exc).__name__} at {exc.filename}:{exc.lineno}: {exc.msg}"
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def _import_python(spec: ModelSpec) -> tuple[Callable[..., Any], Path | None]:
     assert spec.factory is not None
     path: Path | None
@@ -100,12 +109,18 @@ def _import_python(spec: ModelSpec) -> tuple[Callable[..., Any], Path | None]:
             raise ModelLoadError(f"{path}: cannot import as a Python module")
         module = importlib.util.module_from_spec(loader_spec)
         sys.modules[mod_name] = module
-        loader_spec.loader.exec_module(module)
+        try:
+            loader_spec.loader.exec_module(module)
+        except (Exception, SystemExit) as exc:
+            del sys.modules[mod_name]
+            raise ModelLoadError(f"{path}: cannot import: {_one_line(exc)}") from None
     else:
         try:
             module = importlib.import_module(spec.target)
         except ImportError as exc:
             raise ModelLoadError(f"model.spec: cannot import module {spec.target!r}: {exc}") from None
+        except (Exception, SystemExit) as exc:
+            raise ModelLoadError(f"model.spec: cannot import module {spec.target!r}: {_one_line(exc)}") from None
         path = Path(module.__file__) if module.__file__ else None
     factory = getattr(module, spec.factory, None)
     if factory is None or not callable(factory):

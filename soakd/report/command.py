@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from soakd.config import CompareConfig, load_config
-from soakd.errors import Exit
+from soakd.config import CompareConfig, load_config, redact_secrets
+from soakd.errors import Exit, StateError
 from soakd.report.compare import Comparison, load_result, print_comparison
 from soakd.report.data import run_report
 from soakd.report.document import build_report
@@ -31,12 +32,14 @@ def report_command(ns: argparse.Namespace) -> int:
     state = load_state(ns.state_dir, ns.run_id)
     if ns.format == "json" and not ns.config:
         report = run_report(state)
+        _redact_run(report)
         if ns.output:
-            write_json_atomic(ns.output, report)
+            _write(ns.output, lambda: write_json_atomic(ns.output, report))
         else:
             sys.stdout.write(json.dumps(report, indent=2, allow_nan=False, default=str) + "\n")
         return Exit.OK
     doc = build_report(state, slo=slo, summary=saved_summary(ns.state_dir, state.run_id))
+    _redact_run(doc.data)
     if ns.format == "html":
         from soakd.report.html import render_html  # matplotlib loads only for HTML
 
@@ -48,13 +51,27 @@ def report_command(ns: argparse.Namespace) -> int:
     else:
         text = json.dumps(doc.data, indent=2, allow_nan=False, default=str) + "\n"
     if ns.output:
-        write_text_private(Path(ns.output), text)
+        _write(ns.output, lambda: write_text_private(Path(ns.output), text))
         print(f"report: {ns.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
     if ns.config and not doc.data["slo"]["passed"]:
         return Exit.FAIL
     return Exit.OK
+
+
+def _redact_run(data: dict[str, Any]) -> None:
+    """A state file written before redaction existed must not leak its secrets into a report."""
+    run = data.get("run")
+    if isinstance(run, dict) and isinstance(run.get("config"), dict):
+        run["config"] = redact_secrets(run["config"])
+
+
+def _write(output: str, write: Callable[[], None]) -> None:
+    try:
+        write()
+    except OSError as exc:  # a read-only folder, a full disk: the user's to fix, exit 2
+        raise StateError(f"--output {output}: cannot write the report: {exc.strerror}") from None
 
 
 def compare_command(ns: argparse.Namespace, out: TextIO = sys.stdout) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from soakd.config import redact_secrets
 from soakd.report import units
 from soakd.report.slo import format_limit, format_observed
 
@@ -141,4 +142,5 @@ def fingerprint_rows(data: dict[str, Any]) -> list[list[str]]:
 
 
 def config_text(data: dict[str, Any]) -> str:
-    return json.dumps((data.get("run") or {}).get("config") or {}, indent=2, default=str)
+    # Redacted again here: a state file written before redaction must not leak through a report.
+    return json.dumps(redact_secrets((data.get("run") or {}).get("config") or {}), indent=2, default=str)

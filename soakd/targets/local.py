@@ -158,5 +158,11 @@ def _warmup_batches(inputs: Sequence[torch.Tensor], max_batch: int) -> list[torc
 
 
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else "(no message)"
+    """The model's own words in one line. TorchScript wraps them under a first line of its own
+    ("The following operation failed in the TorchScript interpreter.") and a traceback: the
+    last line is the model's error."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return "(no message)"
+    scripted = lines[0].startswith("The following operation failed in the TorchScript interpreter")
+    return (lines[-1] if scripted else lines[0])[:300]

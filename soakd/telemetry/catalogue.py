@@ -14,20 +14,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from soakd.names import LEAK_SERIES, OUTCOMES, STAGES
 from soakd.telemetry.histogram import LogHistogram
 
+__all__ = ["LEAK_SERIES", "OUTCOMES", "PREFIX", "STAGES", "Metrics"]  # the names live in soakd.names
+
 PREFIX = "soakd_"
-STAGES = ("e2e", "queue", "inference", "preprocess", "postprocess")
-OUTCOMES = ("ok", "error", "timeout", "oom", "bad_input", "dropped")
-LEAK_SERIES = (
-    "host_rss",
-    "host_uss",
-    "malloc_in_use",
-    "torch_cuda_allocated",
-    "torch_cuda_reserved",
-    "gpu_process_memory",
-    "gpu_memory_used",
-)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024)
 GC_PAUSE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 

@@ -12,6 +12,7 @@ import base64
 import binascii
 import io
 import json
+import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from soakd.workload.seqlen import PAD_KEY
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp"})
 JSON_EXTENSIONS = frozenset({".json"})
 TEXT_EXTENSIONS = frozenset({".txt"})
+DEFAULT_MAX_SAMPLE_BYTES = 64 * 1024 * 1024  # input.max_sample_bytes' default
 # Normalisation as one multiply-add per pixel: (x / 255 - mean) / std = x * scale - offset, per
 # channel (ImageNet statistics for RGB; mean 0.5, std 0.25 for grey).
 _MEAN = {3: np.array([0.485, 0.456, 0.406]), 1: np.array([0.5])}
@@ -44,6 +46,7 @@ class TextLine:
 
     path: str
     text: str
+    error: str | None = None  # set when the line could not be read whole (too long): bad input
 
 
 def decode_image(data: bytes, shape: tuple[int, int, int]) -> torch.Tensor:
@@ -72,7 +75,7 @@ def decode_image(data: bytes, shape: tuple[int, int, int]) -> torch.Tensor:
 def tokenize(text: str, vocab: int, max_tokens: int) -> torch.Tensor:
     """Whitespace tokens hashed to ids in [1, vocab) (0 is padding): a stand-in tokenizer whose
     cost and output lengths follow the text."""
-    words = text.split()[:max_tokens]
+    words = text.split(None, max_tokens)[:max_tokens]  # never splits more of a long line than it keeps
     if not words:
         raise BadInput("no tokens")
     return torch.tensor([zlib.crc32(w.encode()) % (vocab - 1) + 1 for w in words], dtype=torch.int64)
@@ -82,7 +85,8 @@ class Preprocessor:
     """Turns a sample (a file path or a :class:`TextLine`) into ``(batch key, tensor)``.
 
     ``image_shape`` is the (C, H, W) images are resized to (None: images are bad input);
-    ``pad``: token sequences share one batch key and are padded to the batch's longest.
+    ``pad``: token sequences share one batch key and are padded to the batch's longest;
+    ``max_sample_bytes``: a larger file is bad input, read no further than that.
     """
 
     def __init__(
@@ -93,8 +97,10 @@ class Preprocessor:
         pad: bool = False,
         vocab: int = 30522,
         max_tokens: int = 512,
+        max_sample_bytes: int = DEFAULT_MAX_SAMPLE_BYTES,
     ) -> None:
         self.image_shape = image_shape
+        self.max_sample_bytes = max_sample_bytes
         self.dtype = dtype
         self.pad = pad
         self.vocab = vocab
@@ -102,18 +108,37 @@ class Preprocessor:
 
     def __call__(self, item: str | TextLine) -> tuple[Any, torch.Tensor]:
         if isinstance(item, TextLine):
-            return self._tokens(tokenize(item.text, self.vocab, self.max_tokens))
+            if item.error is not None:
+                raise BadInput(item.error)
+            if self.image_shape is not None:  # a labels.txt beside the images: token ids would fail in forward
+                raise BadInput("a line of text, but the model takes images (CxHxW)")
+            return self._text(item.text)
         path = Path(item)
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise BadInput(f"cannot read: {exc.strerror}") from None
+        data = self._read(path)
         suffix = path.suffix.lower()
         if suffix in JSON_EXTENSIONS:
             return self._json(data)
         if suffix in IMAGE_EXTENSIONS:
             return self._image(data)
         raise BadInput(f"unsupported sample type {suffix!r}")
+
+    def _read(self, path: Path) -> bytes:
+        """The whole file, or BadInput when it is larger than ``max_sample_bytes``: the read is
+        bounded, so a file that grows (or lies in its size) still costs at most the limit."""
+        limit = self.max_sample_bytes
+        try:
+            with path.open("rb") as fh:
+                if os.fstat(fh.fileno()).st_size > limit:
+                    raise BadInput(f"larger than input.max_sample_bytes ({limit} bytes)")
+                data = fh.read(limit + 1)
+        except OSError as exc:
+            raise BadInput(f"cannot read: {exc.strerror}") from None
+        if len(data) > limit:
+            raise BadInput(f"larger than input.max_sample_bytes ({limit} bytes)")
+        return data
+
+    def _text(self, text: str) -> tuple[Any, torch.Tensor]:
+        return self._tokens(tokenize(text, self.vocab, self.max_tokens))
 
     def _image(self, data: bytes) -> tuple[Any, torch.Tensor]:
         if self.image_shape is None:
@@ -130,6 +155,8 @@ class Preprocessor:
             body = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
             raise BadInput(f"not valid JSON: {exc}") from None
+        except RecursionError:
+            raise BadInput("not valid JSON: nested too deeply") from None
         if not isinstance(body, dict):
             raise BadInput("JSON body is not an object")
         if isinstance(body.get("image"), str):
@@ -144,11 +171,11 @@ class Preprocessor:
         if "array" in body:
             try:
                 arr = np.asarray(body["array"], dtype=np.float32)
-            except (ValueError, TypeError) as exc:
-                raise BadInput(f"array is not a numeric nd-array: {exc}") from None
+            except (ValueError, TypeError, RecursionError) as exc:
+                raise BadInput(f"array is not a numeric nd-array: {type(exc).__name__}: {exc}") from None
             if arr.size == 0:
                 raise BadInput("array is empty")
             return tuple(arr.shape), torch.from_numpy(arr).to(self.dtype)
         if isinstance(body.get("text"), str):
-            return self._tokens(tokenize(body["text"], self.vocab, self.max_tokens))
+            return self._text(body["text"])
         raise BadInput("JSON body has none of the keys image (base64), array, text")

@@ -13,75 +13,19 @@ to its longest member, as a tokenizer's ``padding=True`` does.
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from soakd.specs import SEQ_PREFIX, SeqLenSpec, is_seq_spec, parse_seq_spec
+
+__all__ = ["PAD_KEY", "PREFIX", "SeqLenSource", "SeqLenSpec", "draw_lengths", "is_seq_spec", "parse_seq_spec"]
+
 if TYPE_CHECKING:  # torch is imported where tensors are made: config validation parses specs without it
     import torch
 
-PREFIX = "seq:"
+PREFIX = SEQ_PREFIX
 PAD_KEY = "seq"  # the one batch key of padded sequences
-_SPEC_RE = re.compile(r"^seq:(fixed|uniform|lognormal)\(([^)]*)\)$")
-_PARAMS = {
-    "fixed": ({"n"}, set()),
-    "uniform": ({"min", "max"}, set()),
-    "lognormal": ({"mean", "sigma"}, {"min", "max"}),
-}
-
-
-@dataclass(frozen=True)
-class SeqLenSpec:
-    dist: str
-    params: dict[str, float]
-    low: int
-    high: int
-    vocab: int
-
-
-def is_seq_spec(spec: str) -> bool:
-    return spec.replace(" ", "").startswith(PREFIX)
-
-
-def parse_seq_spec(spec: str) -> SeqLenSpec:
-    """Parse ``seq:DIST(k=v,...)``; ValueError names ``input.shapes`` and what is wrong."""
-    text = spec.replace(" ", "")
-    m = _SPEC_RE.match(text)
-    if not m:
-        raise ValueError(
-            f"input.shapes: cannot parse {spec!r} (use seq:fixed(n=128), seq:uniform(min=8,max=512) "
-            "or seq:lognormal(mean=128,sigma=0.5,min=8,max=512))"
-        )
-    dist, body = m.group(1), m.group(2)
-    params: dict[str, float] = {}
-    for item in filter(None, body.split(",")):
-        key, sep, value = item.partition("=")
-        try:
-            params[key] = float(value) if sep else math.nan
-        except ValueError:
-            raise ValueError(f"input.shapes: {key}={value!r} is not a number in {spec!r}") from None
-    required, optional = _PARAMS[dist]
-    vocab = int(params.pop("vocab", 30522))
-    unknown = set(params) - required - optional
-    missing = required - set(params)
-    if unknown or missing:
-        what = f"unknown {sorted(unknown)}" if unknown else f"missing {sorted(missing)}"
-        raise ValueError(f"input.shapes: {dist}: {what} parameter(s) in {spec!r}")
-    if any(math.isnan(v) or v <= 0 for v in params.values()) or vocab < 2:
-        raise ValueError(f"input.shapes: parameters must be positive numbers in {spec!r}")
-    if dist == "fixed":
-        low = high = int(params["n"])
-    elif dist == "uniform":
-        low, high = int(params["min"]), int(params["max"])
-    else:
-        mean = params["mean"]
-        low = int(params.get("min", 1))
-        high = int(params.get("max", math.ceil(mean * 8)))
-    if low < 1 or high < low:
-        raise ValueError(f"input.shapes: need 1 <= min <= max in {spec!r}")
-    return SeqLenSpec(dist, params, low, high, vocab)
 
 
 def draw_lengths(spec: SeqLenSpec, rng: np.random.Generator, n: int) -> np.ndarray:

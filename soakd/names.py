@@ -1,0 +1,16 @@
+"""Names shared by config validation, the metric catalogue and the reports: pipeline stages,
+request outcomes and the memory series the leak monitor judges. Imports nothing."""
+
+from __future__ import annotations
+
+STAGES = ("e2e", "queue", "inference", "preprocess", "postprocess")
+OUTCOMES = ("ok", "error", "timeout", "oom", "bad_input", "dropped")
+LEAK_SERIES = (
+    "host_rss",
+    "host_uss",
+    "malloc_in_use",
+    "torch_cuda_allocated",
+    "torch_cuda_reserved",
+    "gpu_process_memory",
+    "gpu_memory_used",
+)
