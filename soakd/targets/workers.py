@@ -81,9 +81,15 @@ class WorkerThreads:
                 return False
         return True
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
         for q in self._queues:
             q.put(None)
+        # Wait for idle threads to leave torch: one still tearing down its OpenMP pool when the
+        # interpreter exits aborts the process ("terminate called without an active exception").
+        deadline = time.monotonic() + timeout  # one budget: a hung model must not hold the exit for long
+        for t in self._threads:
+            if t.is_alive() and t is not threading.current_thread():
+                t.join(max(0.0, deadline - time.monotonic()))
 
     def _work(self, i: int) -> None:
         if self.init is not None:
