@@ -598,7 +598,8 @@ def validate(cfg: Config) -> None:
         ld.concurrency = 8
     if ld.concurrency is not None:
         _require(ld.concurrency >= 1, f"load.concurrency: must be >= 1, got {ld.concurrency}")
-    if ld.rate is not None:
+    if ld.open_loop:
+        assert ld.rate is not None
         _require(ld.rate > 0, f"load.rate: must be > 0 requests/s, got {ld.rate}")
         _require(ld.rate <= MAX_RATE,
                  f"load.rate: {ld.rate:g} requests/s is over the bound of {MAX_RATE:g}/s (one arrival per "
@@ -678,7 +679,7 @@ def validate(cfg: Config) -> None:
     ph = cfg.phases
     _require(0.0 < ph.ramp_from <= 1.0, f"phases.ramp_from: must be within (0, 1], got {ph.ramp_from}")
     _require(ph.probe_factor > 0, f"phases.probe_factor: must be > 0, got {ph.probe_factor}")
-    if ld.rate is not None and ph.probe_schedule:
+    if ld.open_loop and ld.rate is not None and ph.probe_schedule:
         _require(ld.rate * ph.probe_factor <= MAX_RATE,
                  f"phases.probe_factor: {ph.probe_factor:g} x load.rate {ld.rate:g} is over the bound of "
                  f"{MAX_RATE:g} requests/s (load.rate's)")

@@ -107,7 +107,7 @@ def plan(cfg: Config, ns: argparse.Namespace) -> SweepPlan:
     batch = _parse_list(ns.sweep_max_batch_size, "--max-batch-size", int) or [cfg.batcher.max_batch_size]
     if conc and rate:
         raise ConfigError("--concurrency and --rate: sweep one load mode (closed or open loop), not both")
-    if rate or (not conc and cfg.load.rate is not None):
+    if rate or (not conc and cfg.load.open_loop):
         mode, loads = "rate", rate or [cfg.load.rate]
     else:
         mode, loads = "concurrency", conc or [_Concurrency(str(cfg.load.concurrency or 8))]
