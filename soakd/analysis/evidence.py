@@ -125,7 +125,7 @@ class Evidence:
     # ---------------------------------------------------------------- suspicion building
 
     def building(self, series: str, rising: bool) -> None:
-        """Called every evaluation: ``rising`` while judgements say leak but the verdict is clear."""
+        """Called every evaluation: ``rising`` while not judged yet (warm-up) or near a leak (p within 20x alpha)."""
         if series not in CUDA_SERIES or self.cuda is None or self.mode != "auto":
             return
         if rising:
