@@ -59,6 +59,7 @@ Z90 = 1.2815515655446004  # a leak at (threshold + Z90) standard errors is flagg
 HOLD_Z = 2.0
 WARMUP_SEARCH = 2 * 3600.0  # the data-found end of warm-up is looked for this long past the floor
 KNEE_POINTS = 60  # the knee search runs on at most this many points
+SPAN_PER_TROUGH = 1.0  # the shortest span judged, in trough spans
 HISTORY = 2.0  # a span is judged against the noise of at least this many times its length
 HISTORY_WINDOWS = 2  # the noise is measured over up to this many windows
 STEP_SETTLE = 900.0  # seconds: a level shift that settles within this counts as one step
@@ -169,6 +170,7 @@ class Grid:
         self._knee = 0  # bins; the data-found end of warm-up, once the search has stopped
         self._knee_final = False
         self._env: dict[tuple[int, int], Array] = {}
+        self.trough_points = 0  # the trough span (in bins) chosen at the latest look
 
     def warmup_bins(self, m: int) -> int:
         """Bins of warm-up at a look that has ``m`` complete bins."""
@@ -216,14 +218,18 @@ class Grid:
             # A span needs HISTORY times its length of noise behind it: a swing slower than
             # the data cannot be told from a leak.
             longest = min(int(yk.size / HISTORY), win)
-            if longest < lo:
+            # A span shorter than the trough span sees the envelope hold flat and then jump as
+            # an old minimum leaves it: too few changes for any noise estimate to describe.
+            shortest = max(lo, round(kk * SPAN_PER_TROUGH))
+            if longest < shortest:
                 continue
-            sp = sorted({*(s for s in p.spans if s < longest), longest})
+            sp = sorted({*(s for s in p.spans if shortest <= s < longest), longest})
             se = math.sqrt(slope_variance(yk, sp[-1]))
             # A narrower trough span must win clearly: the noise estimate is itself noisy, and
             # picking the smallest of several would favour one that happens to be too small.
             if se < 0.7 * best_se or not y.size:
                 y, spans, best_se, full = yk, sp, se, self._envelope(kk, 0)[:m]
+                self.trough_points = kk
         if not spans:
             reason = "warming up (growth is levelling off)" if w * p.bin > p.warmup + p.bin else "warming up"
             return Judgement(False, math.nan, 1.0, reason, start, int(y.size), self.last,
