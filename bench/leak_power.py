@@ -2,7 +2,7 @@
 over leak rate x noise x run length, and false alarms over 24 h leak-free runs of every shape.
 
 Traces are 10 s samples built from bench/heldout_traces.py's pieces (the generator the
-detector was not tuned on). A leak starts with the run (t = 0; the default 30 min warm-up
+detector was not tuned on). A leak starts with the run (t = 0; the default 15 min warm-up
 floor applies); a run of length L detects it when the first flag comes before L (verdicts
 are causal, so one 24 h trace per seed serves all three lengths, and its replay stops at the
 first flag). Looks every ``--step`` seconds (default 5 min; the live monitor looks every
@@ -98,7 +98,8 @@ def main() -> int:
     elapsed = time.perf_counter() - t0
 
     print(f"leak power: {ns.seeds} traces per cell, 10 s samples, a look every {ns.step / 60:.0f} min, "
-          f"default [leak] settings (warm-up floor 30 min, alpha {params.alpha} per 24 h, floor 2 MiB/h)")
+          f"default [leak] settings (warm-up floor {params.warmup / 60:.0f} min, alpha {params.alpha} per 24 h, "
+          f"floor 2 MiB/h)")
     print("cell: detected share / median minutes from leak start to verdict (- : none detected)\n")
     head = "| MiB/h | noise | " + " | ".join(f"{h:g} h" for h in lengths) + " |"
     print(head)

@@ -206,7 +206,7 @@ class Grid:
             return Judgement(False, math.nan, 1.0, "warming up", start, 0, self.last)
         win = round(p.window / p.bin)
         lo = p.spans[0]
-        y = full = np.zeros(0)
+        y = noise = full = np.zeros(0)
         spans: list[int] = []
         best_se = math.inf
         # The trough span: the one (up to trough_span) that measures the trend most precisely.
@@ -224,17 +224,20 @@ class Grid:
             if longest < shortest:
                 continue
             sp = sorted({*(s for s in p.spans if shortest <= s < longest), longest})
-            se = math.sqrt(slope_variance(yk, sp[-1]))
+            # One level shift is no more noise than it is a leak: the noise is measured with
+            # the largest one taken out.
+            quiet = take_out_step(yk, yk, max_lag=max(2, round(STEP_SETTLE / p.bin)))
+            se = math.sqrt(slope_variance(quiet, sp[-1]))
             # A narrower trough span must win clearly: the noise estimate is itself noisy, and
             # picking the smallest of several would favour one that happens to be too small.
             if se < 0.7 * best_se or not y.size:
-                y, spans, best_se, full = yk, sp, se, self._envelope(kk, 0)[:m]
+                y, noise, spans, best_se, full = yk, quiet, sp, se, self._envelope(kk, 0)[:m]
                 self.trough_points = kk
         if not spans:
             reason = "warming up (growth is levelling off)" if w * p.bin > p.warmup + p.bin else "warming up"
             return Judgement(False, math.nan, 1.0, reason, start, int(y.size), self.last,
                              judged_seconds=(m - w) * p.bin)
-        results = [self._span(y, n, floor, full) for n in spans]
+        results = [self._span(y, noise, n, floor, full) for n in spans]
         flagged = [r for r in results if r.positive]
         best = min(flagged or results, key=lambda r: r.p_adj)
         shown = best if flagged else results[-1]  # a clear verdict shows the longest, steadiest span
@@ -264,12 +267,12 @@ class Grid:
         k = max(1, round(p.trough_span / p.bin))
         return sorted({kk for kk in (1, k // 6, k // 3, k) if kk >= 1}, reverse=True)  # widest first
 
-    def _span(self, history: Array, n: int, floor: float, full: Array) -> _Span:
+    def _span(self, history: Array, noise: Array, n: int, floor: float, full: Array) -> _Span:
         p = self.params
         per_hour = 3600.0 / p.bin
         y = history[-n:]
         yd = take_out_step(y, history, max_lag=max(2, round(STEP_SETTLE / p.bin)))
-        var = slope_variance(history, n)
+        var = slope_variance(noise, n)
         se = math.sqrt(var) * per_hour if var > 0 else math.nan
         slope = ols_slope(yd) * per_hour
         alpha_n = p.span_alpha(n)
@@ -290,7 +293,7 @@ class Grid:
         if positive and n >= 10:
             half = n // 2
             old, new = ols_slope(yd[:half]) * per_hour, ols_slope(yd[half:]) * per_hour
-            se_half = math.sqrt(max(0.0, 2 * slope_variance(history, half))) * per_hour
+            se_half = math.sqrt(max(0.0, 2 * slope_variance(noise, half))) * per_hour
             if old - new > 2.0 * se_half + 0.5 * max(old, 0.0) and new < 0.5 * old:
                 positive, why = False, f"growth is slowing down ({old / MIB:.2f} then {new / MIB:.2f} MiB/h)"
         if positive:

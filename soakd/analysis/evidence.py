@@ -3,7 +3,8 @@
 * CUDA series: a torch memory snapshot (``torch.cuda.memory._dump_snapshot``, loadable in
   https://pytorch.org/memory_viz) written to the state dir. Allocation stack traces come from
   ``torch.cuda.memory._record_memory_history(max_entries=N)``, a bounded ring that is on only
-  while suspicion is building (``leak.cuda_history = "auto"``), always (``"always"``), or
+  through warm-up and while suspicion builds (``leak.cuda_history = "auto"``: a strong leak is
+  flagged at its first judgement), always (``"always"``), or
   never (``"off"``: the snapshot then has segments and blocks without traces).
 * Host series: whether ``malloc_trim(0)`` gives the memory back (glibc keeping freed memory
   is allocator retention, not a leak) and, when tracemalloc is tracing, the allocation sites
