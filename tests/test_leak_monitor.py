@@ -78,6 +78,11 @@ def test_gauges_events_and_eta(traces: dict[str, tuple[np.ndarray, np.ndarray]])
     run_until(monitor, store, traces, 900.0)
     assert gauge(metrics, "leak_suspected", "host_rss") == 1
     assert gauge(metrics, "leak_slope_bytes_per_hour", "host_rss") == pytest.approx(3600 * MIB, rel=0.05)
+    # Every verdict says how faint a leak it could have seen; the flat series' is far below the leak.
+    assert 0 < gauge(metrics, "leak_detectable_slope_bytes_per_hour", "torch_cuda_allocated") < 3600 * MIB / 10
+    v = monitor.verdicts()
+    assert (v["host_rss"].state, v["torch_cuda_allocated"].state) == ("leak", "ok")
+    assert v["torch_cuda_allocated"].judged_seconds > 0 and v["torch_cuda_allocated"].eta_seconds == math.inf
     assert gauge(metrics, "leak_p_value", "host_rss") < 0.01
     # 3600 MiB of headroom at 3600 MiB/h: an hour.
     assert gauge(metrics, "memory_exhaustion_eta_seconds", "host_rss") == pytest.approx(3600, rel=0.05)
@@ -98,6 +103,18 @@ def test_verdict_clears_after_the_leak_stops() -> None:
     run_until(monitor, store, {"host_rss": (t, v)}, 1800.0)
     assert [k for k, _ in events.items] == ["leak_suspected", "leak_cleared"]
     assert not monitor.verdicts()["host_rss"].suspected
+
+
+def test_verdicts_are_not_judged_during_warmup() -> None:
+    """Before the warm-up floor has passed a series is "not_judged" (never "ok"), NaN on /metrics."""
+    store, metrics = SeriesStore(), Metrics()
+    t = T0 + np.arange(0.0, 50.0, 1.0)
+    monitor = LeakMonitor(store, metrics, fast_leak_config(), lambda s: None, since=T0)
+    run_until(monitor, store, {"host_rss": (t, 1e9 + 0 * t)}, 50.0)
+    v = monitor.verdicts()["host_rss"]
+    assert v.state == "not_judged" and not v.suspected and math.isnan(v.detectable_slope_bytes_per_hour)
+    assert math.isnan(gauge(metrics, "leak_detectable_slope_bytes_per_hour", "host_rss"))
+    assert v.as_dict()["detectable_slope_bytes_per_hour"] is None and v.as_dict()["state"] == "not_judged"
 
 
 def test_unknown_limit_gives_nan_eta(traces: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
@@ -130,7 +147,7 @@ class FakeCudaHistory:
 
 
 def test_cuda_history_records_only_while_suspicion_builds(tmp_path: Path) -> None:
-    """auto: the ring starts when judgements turn positive, the snapshot is dumped on the flip,
+    """auto: the ring runs through warm-up and while judgements near a leak, the snapshot is dumped on the flip,
     then the ring stops."""
     store, events, cuda = SeriesStore(), Events(), FakeCudaHistory()
     evidence = Evidence(tmp_path, cuda_history="auto", cuda=cuda)  # type: ignore[arg-type]

@@ -1,18 +1,31 @@
-"""The leak verdict for one memory series: one judgement per evaluation, a persistence rule
-over judgements, and a replay of a recorded trace as the live monitor would have judged it.
+"""The leak verdict for one memory series: a sequential trend test on the troughs whose
+false-alarm probability over a whole run is bounded, and the smallest leak it could have seen.
 
-A judgement is positive when, over the analysis window after warm-up,
-  * the troughs (a trailing-minimum envelope) trend upward: Mann-Kendall with the Hamed-Rao
-    correction, one-sided p below ``alpha``, within the blocks either side of the single
-    largest level shift when one stands out (one step is not a leak; a staircase is);
-  * the Theil-Sen slope of those troughs is at least the series' floor (bytes/hour); and
-  * the newest half of the window still grows at half the floor or more (a leak keeps
-    growing; a warm-up tail or a swing that has turned does not).
-The verdict flips to suspected only after judgements have been positive for ``persistence``
-seconds. It clears only after the leak's signs have been gone as long (hysteresis): a
-suspected series "holds" while its troughs still trend up (p below ten times ``alpha``), at
-half the floor or more, and still grow in the newest third of the window; a noisy third
-that merely slows down does not clear a verdict.
+At every look (every evaluation of the live monitor, every step of a replay):
+  * the samples go into minima over bins of ``bin`` seconds, aligned to the run's start, and
+    a trailing minimum over ``trough_span`` (the troughs: it rides out GC / allocator sawtooth);
+  * the end of warm-up is the configured ``warmup`` (a floor) or later, where the early growth
+    decelerates into a plateau (the knee of a two-slope fit), whichever comes last; the
+    trailing minimum never reaches back before it;
+  * the trough noise is fitted as white jitter plus a random walk (slow wander) from the
+    variogram of the judged troughs (:func:`soakd.analysis.trend.fit_noise`), which gives the
+    least-squares slope's variance over any span at this noise;
+  * spans of the newest ``min_span``, 2x, 4x ... up to ``window`` seconds are tested, each
+    after taking out its single largest level shift if one stands out (a new input shape is
+    not a leak; a staircase still trends). A span of d seconds is flagged when its one-sided
+    p-value is below ``alpha * d / (spans * 24 h)``: about 24 h / d looks at a span of that
+    length are independent, so over 24 h of judging the chance of any false alarm stays
+    near ``alpha`` (Bonferroni over spans and independent looks; neighbouring looks share
+    data, which makes it conservative). A strong leak crosses on the shortest span within
+    minutes of warm-up; a faint one on a long span once the data carry it;
+  * a flagged span must also grow at least at the series' floor (bytes/hour) and not slow
+    down significantly from its older half to its newer half (a warm-up tail does).
+The verdict flips to suspected on the first flagged look. It clears only after the signs
+have been gone for ``persistence`` seconds: a suspected series "holds" while some span still
+rises at z >= 2 and half the floor.
+
+Every look also gives the detectable slope: the smallest leak that would have been flagged
+with 90% probability at the fitted noise, over the spans judged so far.
 
 Pure numpy (no torch, no scipy.stats), so ``soakd analyze`` starts fast.
 """
@@ -27,152 +40,320 @@ import numpy as np
 
 from soakd.analysis.trend import (
     Array,
-    lower_envelope,
-    mann_kendall,
-    remove_largest_step,
-    theil_sen,
+    bin_minima,
+    ols_slope,
+    slope_variance,
+    take_out_step,
+    trailing_min,
+    upper_tail,
     warmup_end,
+    z_for,
 )
 
 MIB = float(1 << 20)
+DAY = 86400.0
 DEFAULT_FLOOR_BYTES_PER_HOUR = 2 * MIB
+DEFAULT_WINDOW = 6 * 3600.0
+ACCELERATED_BELOW = 1800.0  # a window shorter than this is an accelerated run
+Z90 = 1.2815515655446004  # a leak at (threshold + Z90) standard errors is flagged 90% of the time
+HOLD_Z = 2.0
+WARMUP_SEARCH = 2 * 3600.0  # the data-found end of warm-up is looked for this long past the floor
+KNEE_POINTS = 60  # the knee search runs on at most this many points
+SPAN_PER_TROUGH = 1.0  # the shortest span judged, in trough spans
+HISTORY = 2.0  # a span is judged against the noise of at least this many times its length
+HISTORY_WINDOWS = 2  # the noise is measured over up to this many windows
+STEP_SETTLE = 900.0  # seconds: a level shift that settles within this counts as one step
 
 
 @dataclass(frozen=True)
 class DetectorParams:
-    warmup: float = 1800.0  # seconds ignored at the start of the run
-    window: float = 6 * 3600.0  # seconds of history judged (and its newest half)
-    trough_span: float = 1800.0  # seconds; the lower envelope rides out sawtooth up to this period
-    bin: float = 300.0  # seconds between envelope points
-    alpha: float = 0.001  # one-sided Mann-Kendall significance
-    persistence: float = 1800.0  # seconds a judgement must hold before the verdict flips
-    min_span: float = 3600.0  # seconds of post-warm-up data before any judgement
+    warmup: float = 900.0  # seconds ignored at the start of the run (a floor: the data may say later)
+    window: float = 6 * 3600.0  # seconds of history judged at most (the longest span)
+    trough_span: float = 1800.0  # seconds; the trailing minimum rides out sawtooth up to this period
+    bin: float = 60.0  # seconds between trough points
+    alpha: float = 0.01  # false-alarm probability per 24 h of judging a leak-free series
+    persistence: float = 1800.0  # seconds a suspected verdict's signs must be gone before it clears
+    min_span: float = 900.0  # seconds: the shortest span judged
+    floor_scale: float = 1.0  # the slope floor's factor: time runs this much faster (accelerated runs)
 
     @classmethod
     def from_config(cls, leak: Any) -> DetectorParams:
-        """From a :class:`soakd.config.LeakConfig` (duck-typed: fields it lacks keep defaults)."""
+        """From a :class:`soakd.config.LeakConfig` (duck-typed: fields it lacks keep defaults).
+
+        A window shorter than the default time scales (an accelerated test run) scales them
+        down with it: the shortest span, the trough span and the persistence hold at most a
+        third of the window, points at most a thirtieth apart."""
         names = ("warmup", "window", "trough_span", "bin", "alpha", "persistence", "min_span")
         kw = {f: getattr(leak, f) for f in names if getattr(leak, f, None) is not None}
-        return cls(**kw)
+        return cls(**kw).scaled()
+
+    def scaled(self) -> DetectorParams:
+        w = self.window
+        bin_ = min(self.bin, w / 30.0)
+        # A window under 30 min is an accelerated run (a test, a demo): time runs faster by
+        # the default window's ratio, and so does a leak in bytes/hour; the floor scales too
+        # (else a fresh interpreter's first minute of allocations is a "leak").
+        scale = DEFAULT_WINDOW / w if w < ACCELERATED_BELOW else 1.0
+        return replace(self, bin=bin_, trough_span=min(self.trough_span, w / 3.0),
+                       min_span=max(min(self.min_span, w / 3.0), 5 * bin_),
+                       persistence=min(self.persistence, w / 3.0), floor_scale=scale)
+
+    @property
+    def spans(self) -> list[int]:
+        """Span lengths judged, in points: min_span doubling, up to the window."""
+        lo = max(5, round(self.min_span / self.bin))
+        hi = max(lo, round(self.window / self.bin))
+        out = []
+        n = lo
+        while n < hi:
+            out.append(n)
+            n *= 2
+        return [*out, hi]
+
+    def span_alpha(self, points: int) -> float:
+        """The one-sided p-value a span of ``points`` must beat (see the module docstring)."""
+        return self.alpha * points * self.bin / (len(self.spans) * max(DAY, self.window))
 
 
-def floor_for(series: str, table: dict[str, float] | None) -> float:
-    """The series' slope floor from the ``leak.min_slope_bytes_per_hour`` table ("default" key)."""
+def floor_for(series: str, table: dict[str, float] | None, scale: float = 1.0) -> float:
+    """The series' slope floor from the ``leak.min_slope_bytes_per_hour`` table ("default" key);
+    the built-in default times ``scale`` (``DetectorParams.floor_scale``) when the table has none."""
     table = table or {}
-    return float(table.get(series, table.get("default", DEFAULT_FLOOR_BYTES_PER_HOUR)))
+    got = table.get(series, table.get("default"))
+    return float(got) if got is not None else DEFAULT_FLOOR_BYTES_PER_HOUR * scale
 
 
 @dataclass(frozen=True)
 class Judgement:
     positive: bool
     slope_bytes_per_hour: float  # nan until there is enough data
-    p_value: float  # one-sided, increasing trend; 1.0 until there is enough data
-    reason: str  # why it is (not) positive, for logs and events
-    start: float = math.nan  # first time judged (after warm-up and any detected warm-up tail)
-    bins: int = 0
+    p_value: float  # run-wide: below alpha is a leak; 1.0 until there is enough data
+    reason: str  # why it is (not) positive, for logs, events and `soakd analyze`
+    start: float = math.nan  # first time judged (after the warm-up, configured or found)
+    bins: int = 0  # trough points judged
     last_value: float = math.nan
     holds: bool = False  # enough to keep a verdict that is already suspected
+    detectable_bytes_per_hour: float = math.nan  # caught with 90% probability at this noise
+    judged_seconds: float = 0.0  # span of data judged
+    building: bool = False  # suspicion is building (p within 20x of alpha)
+
+    @property
+    def judged(self) -> bool:
+        return math.isfinite(self.slope_bytes_per_hour)
 
     def keeps(self, suspected: bool) -> bool:
         """The judgement to feed the persistence rule, given the current verdict."""
         return self.holds if suspected else self.positive
 
 
+@dataclass
+class _Span:
+    points: int
+    slope: float  # bytes per hour
+    se: float  # bytes per hour
+    p_adj: float
+    positive: bool
+    holds: bool
+    detectable: float
+    why: str
+
+
+class Grid:
+    """A series on the bin grid of its run, for looks at any time (a replay computes it once)."""
+
+    def __init__(self, t: Array, v: Array, params: DetectorParams, since: float, until: float) -> None:
+        self.params = params
+        self.since = since
+        self.nbins = max(0, math.floor((until - since) / params.bin + 1e-9))
+        self.b = bin_minima(t, v, since, params.bin, self.nbins)
+        self.last = float(v[-1]) if v.size else math.nan
+        self._knee = 0  # bins; the data-found end of warm-up, once the search has stopped
+        self._knee_final = False
+        self._env: dict[tuple[int, int], Array] = {}
+        self.trough_points = 0  # the trough span (in bins) chosen at the latest look
+
+    def warmup_bins(self, m: int) -> int:
+        """Bins of warm-up at a look that has ``m`` complete bins."""
+        p = self.params
+        floor = math.ceil(p.warmup / p.bin - 1e-9)
+        if self._knee_final:
+            return max(floor, self._knee)
+        knee = self._find_knee(m)
+        if (m * p.bin) > p.warmup + WARMUP_SEARCH:
+            self._knee, self._knee_final = knee, True
+        return max(floor, knee)
+
+    def _find_knee(self, m: int) -> int:
+        p = self.params
+        k = max(1, round(min(p.trough_span, 600.0) / p.bin))
+        e = trailing_min(self.b[:m], k)
+        idx = np.flatnonzero(np.isfinite(e))
+        if idx.size < 8:
+            return 0
+        step = max(1, math.ceil(idx.size / KNEE_POINTS))
+        idx = idx[::step]
+        knee = warmup_end(idx.astype(np.float64), e[idx])
+        return int(idx[knee]) if knee else 0
+
+    def look(self, m: int, floor: float) -> Judgement:
+        """The judgement with the first ``m`` bins complete."""
+        p = self.params
+        m = min(m, self.nbins)
+        now = self.since + m * p.bin
+        w = self.warmup_bins(m)
+        start = self.since + w * p.bin
+        if m <= w:
+            return Judgement(False, math.nan, 1.0, "warming up", start, 0, self.last)
+        win = round(p.window / p.bin)
+        lo = p.spans[0]
+        y = noise = full = np.zeros(0)
+        spans: list[int] = []
+        best_se = math.inf
+        # The trough span: the one (up to trough_span) that measures the trend most precisely.
+        # Wider rides out a sawtooth; narrower follows plain noise closely. The choice looks at
+        # the noise only, never at the slope, so it spends none of alpha.
+        for kk in self.trough_choices():
+            env = self._envelope(kk, w)[: m - w][-HISTORY_WINDOWS * win :]
+            yk = env[np.isfinite(env)]
+            # A span needs HISTORY times its length of noise behind it: a swing slower than
+            # the data cannot be told from a leak.
+            longest = min(int(yk.size / HISTORY), win)
+            # A span shorter than the trough span sees the envelope hold flat and then jump as
+            # an old minimum leaves it: too few changes for any noise estimate to describe.
+            shortest = max(lo, round(kk * SPAN_PER_TROUGH))
+            if longest < shortest:
+                continue
+            sp = sorted({*(s for s in p.spans if shortest <= s < longest), longest})
+            # One level shift is no more noise than it is a leak: the noise is measured with
+            # the largest one taken out.
+            quiet = take_out_step(yk, yk, max_lag=max(2, round(STEP_SETTLE / p.bin)))
+            se = math.sqrt(slope_variance(quiet, sp[-1]))
+            # A narrower trough span must win clearly: the noise estimate is itself noisy, and
+            # picking the smallest of several would favour one that happens to be too small.
+            if se < 0.7 * best_se or not y.size:
+                y, noise, spans, best_se, full = yk, quiet, sp, se, self._envelope(kk, 0)[:m]
+                self.trough_points = kk
+        if not spans:
+            reason = "warming up (growth is levelling off)" if w * p.bin > p.warmup + p.bin else "warming up"
+            return Judgement(False, math.nan, 1.0, reason, start, int(y.size), self.last,
+                             judged_seconds=(m - w) * p.bin)
+        results = [self._span(y, noise, n, floor, full) for n in spans]
+        flagged = [r for r in results if r.positive]
+        best = min(flagged or results, key=lambda r: r.p_adj)
+        shown = best if flagged else results[-1]  # a clear verdict shows the longest, steadiest span
+        p_adj = best.p_adj
+        detectable = min(r.detectable for r in results)
+        judged = y.size * p.bin  # every trough point judged (the noise), the longest trend span within
+        if flagged:
+            reason = (f"troughs rise {best.slope / MIB:.2f} MiB/h over the last {_dur(best.points * p.bin)} "
+                      f"(p={p_adj:.2g} over the run)")
+        else:
+            why = next((r.why for r in results if r.why), "")
+            reason = f"no leak above {detectable / MIB:.3g} MiB/h after {_dur(judged)}" + (f" ({why})" if why else "")
+        return Judgement(bool(flagged), shown.slope, p_adj, reason, now - judged, int(y.size), self.last,
+                         any(r.holds for r in results), detectable, judged, p_adj < min(1.0, 20 * p.alpha))
+
+    def _envelope(self, k: int, start: int) -> Array:
+        """Trailing minimum over k bins from bin ``start`` on, over the whole grid (causal, so
+        any look's envelope is a prefix of it): computed once per (k, start)."""
+        key = (k, start)
+        got = self._env.get(key)
+        if got is None:
+            got = self._env[key] = trailing_min(self.b, k, start=start)
+        return got
+
+    def trough_choices(self) -> list[int]:
+        p = self.params
+        k = max(1, round(p.trough_span / p.bin))
+        return sorted({kk for kk in (1, k // 6, k // 3, k) if kk >= 1}, reverse=True)  # widest first
+
+    def _span(self, history: Array, noise: Array, n: int, floor: float, full: Array) -> _Span:
+        p = self.params
+        per_hour = 3600.0 / p.bin
+        y = history[-n:]
+        yd = take_out_step(y, history, max_lag=max(2, round(STEP_SETTLE / p.bin)))
+        var = slope_variance(noise, n)
+        se = math.sqrt(var) * per_hour if var > 0 else math.nan
+        slope = ols_slope(yd) * per_hour
+        alpha_n = p.span_alpha(n)
+        zstar = z_for(alpha_n)
+        if not math.isfinite(se) or se <= 0:
+            # No measurable noise (a constant series, or a quantised one): steady growth is real.
+            z = math.inf if slope > 0 and np.all(np.diff(yd) >= 0) else 0.0
+            se = 0.0
+        else:
+            z = slope / se
+        pv = upper_tail(z) if math.isfinite(z) else 0.0
+        p_adj = min(1.0, pv / alpha_n * p.alpha)
+        detectable = max((zstar + Z90) * se, floor + Z90 * se)
+        why = ""
+        positive = pv < alpha_n
+        if positive and slope < floor:
+            positive, why = False, f"slope {slope / MIB:.2f} MiB/h below the floor {floor / MIB:.2f} MiB/h"
+        if positive and n >= 10:
+            half = n // 2
+            old, new = ols_slope(yd[:half]) * per_hour, ols_slope(yd[half:]) * per_hour
+            se_half = math.sqrt(max(0.0, 2 * slope_variance(noise, half))) * per_hour
+            if old - new > 2.0 * se_half + 0.5 * max(old, 0.0) and new < 0.5 * old:
+                positive, why = False, f"growth is slowing down ({old / MIB:.2f} then {new / MIB:.2f} MiB/h)"
+        if positive:
+            # Growth that was much faster just before the span is a warm-up still levelling off
+            # (the trough envelope here reaches into the warm-up on purpose).
+            before = full[max(0, full.size - 2 * n) : full.size - n]
+            before = before[np.isfinite(before)]
+            if before.size >= max(5, n // 2):
+                prev = ols_slope(before) * per_hour
+                if prev > 1.5 * slope + 2.0 * math.sqrt(2.0) * se:
+                    why = f"warming up: growth is slowing ({prev / MIB:.3g} then {slope / MIB:.3g} MiB/h)"
+                    positive = False
+        holds = z >= HOLD_Z and slope >= 0.5 * floor
+        return _Span(n, slope, se, p_adj, positive, holds, detectable, why)
+
+
+def _dur(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.3g} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.3g} min"
+    return f"{seconds:.3g} s"
+
+
 def judge(t: Array, v: Array, params: DetectorParams, floor: float, *, now: float | None = None,
           since: float | None = None) -> Judgement:
-    """Judge samples (t seconds, v bytes) at time ``now``; the run started at ``since``.
-
-    Judges the whole window and its newest half: the long view catches slow staircases, the
-    short one a leak that started late. Positive when either is.
-    """
+    """Judge samples (t seconds, v bytes) at time ``now``; the run started at ``since``."""
     if t.size == 0:
         return Judgement(False, math.nan, 1.0, "no data")
     now = float(t[-1]) if now is None else now
     since = float(t[0]) if since is None else since
-    first = since + params.warmup
-    long = _judge_span(t, v, params, floor, max(first, now - params.window), now)
-    if now - first <= params.window / 2 + params.bin or long.positive:
-        return long
-    short = _judge_span(t, v, params, floor, max(first, now - params.window / 2), now)
-    best = short if short.positive and not long.positive else long
-    return replace(best, positive=long.positive or short.positive, holds=long.holds or short.holds)
-
-
-def _rate(x: Array, y: Array, lo: float, hi: float) -> float:
-    """Rise per hour between the medians of the [lo, mid) and [mid, hi] halves of a span."""
-    mid = (lo + hi) / 2
-    a, b = y[(x >= lo) & (x < mid)], y[(x >= mid) & (x <= hi)]
-    if a.size == 0 or b.size == 0:
-        return math.nan
-    return float(np.median(b) - np.median(a)) / ((hi - lo) / 2) * 3600.0
-
-
-def _judge_span(
-    t: Array, v: Array, params: DetectorParams, floor: float, start: float, now: float
-) -> Judgement:
-    sel = (t >= start) & (t <= now)
-    last = float(v[sel][-1]) if sel.any() else math.nan
-    if now - start < params.min_span or not sel.any():
-        return Judgement(False, math.nan, 1.0, "warming up", start, 0, last)
-    tb, yb = lower_envelope(t[sel], v[sel], params.trough_span, params.bin, end=now)
-    if tb.size < 6:
-        return Judgement(False, math.nan, 1.0, "too few samples", start, int(tb.size), last)
-    knee = warmup_end(tb, yb)
-    if knee:
-        # What came before the knee was warm-up; judge only after it, once there is enough.
-        start = float(tb[knee])
-        if now - start < params.min_span:
-            return Judgement(False, math.nan, 1.0, "warming up (growth is levelling off)", start, 0, last)
-        tb, yb = tb[knee:], yb[knee:]
-    yd, split = remove_largest_step(yb)
-    # Envelope points closer than the trough span share samples: dependent by construction.
-    test = mann_kendall(yb, split=split, known_lags=max(0, round(params.trough_span / params.bin) - 1))
-    slope = theil_sen(tb, yb, split) * 3600.0
-    # Rise from the middle third's median to the newest third's, against the rise from the
-    # oldest third's to the middle's (on the series with the level shift taken out):
-    # a leak keeps its pace, a warm-up tail slows down, a swing that has turned goes flat.
-    x0, x1 = float(tb[0]), float(tb[-1])
-    third = (x1 - x0) / 3
-    old, new = _rate(tb, yd, x0, x0 + 2 * third), _rate(tb, yd, x0 + third, x1)
-    # Weaker than positive (which implies it): what keeps an existing verdict.
-    hold_alpha = max(params.alpha, min(0.05, 10 * params.alpha))
-    holds = test.p_increasing < hold_alpha and slope >= 0.5 * floor and new >= 0.5 * floor
-    if test.p_increasing >= params.alpha:
-        reason = f"no significant upward trend (p={test.p_increasing:.3g})"
-    elif slope < floor:
-        reason = f"slope {slope / MIB:.2f} MiB/h below the floor {floor / MIB:.2f} MiB/h"
-    elif not new >= 0.5 * floor or not new >= 0.4 * old:
-        reason = f"growth is slowing down ({old / MIB:.2f} then {new / MIB:.2f} MiB/h)"
-    else:
-        reason = f"troughs rise {slope / MIB:.2f} MiB/h (p={test.p_increasing:.3g})"
-        return Judgement(True, slope, test.p_increasing, reason, start, int(tb.size), last, holds)
-    return Judgement(False, slope, test.p_increasing, reason, start, int(tb.size), last, holds)
+    grid = Grid(t, v, params, since, now)
+    return grid.look(grid.nbins, floor)
 
 
 @dataclass
 class Persistence:
-    """Flips the verdict only after judgements have agreed for ``hold`` seconds."""
+    """Flips to suspected on the first positive judgement; clears after ``hold`` seconds in
+    which the judgements no longer hold the verdict (hysteresis)."""
 
     hold: float
     suspected: bool = False
-    _since: float | None = None  # when judgements started disagreeing with the verdict
+    _since: float | None = None  # when a suspected verdict stopped holding
 
     def update(self, now: float, positive: bool) -> bool:
-        """Feed one judgement; returns True when the verdict flipped."""
-        if positive == self.suspected:
+        """Feed one judgement (``Judgement.keeps``); returns True when the verdict flipped."""
+        if not self.suspected:
+            if positive:
+                self.suspected, self._since = True, None
+                return True
+            return False
+        if positive:
             self._since = None
             return False
         if self._since is None:
             self._since = now
         if now - self._since >= self.hold:
-            self.suspected, self._since = positive, None
+            self.suspected, self._since = False, None
             return True
         return False
-
-    @property
-    def rising(self) -> bool:
-        """Judgements disagree with a clear verdict: suspicion is building."""
-        return not self.suspected and self._since is not None
 
 
 @dataclass
@@ -186,24 +367,30 @@ class Replay:
     evaluations: int = 0
 
 
-def replay(t: Array, v: Array, params: DetectorParams, floor: float, *, step: float = 600.0) -> Replay:
-    """Judge a trace every ``step`` seconds from its start, with persistence, up to its end."""
+def replay(t: Array, v: Array, params: DetectorParams, floor: float, *, step: float = 600.0,
+           stop_on_flag: bool = False) -> Replay:
+    """Judge a trace every ``step`` seconds (rounded to whole bins) from its start, up to its end
+    (or, with ``stop_on_flag``, up to its first flag: what a power benchmark needs)."""
     if t.size == 0:
         return Replay(Judgement(False, math.nan, 1.0, "no data"), False, None)
     t0, t_end = float(t[0]), float(t[-1])
-    first_eval = t0 + params.warmup + params.min_span
-    times = list(np.arange(first_eval, t_end, step))
-    if not times or times[-1] < t_end:
-        times.append(t_end)
+    grid = Grid(t, v, params, t0, t_end)
+    every = max(1, round(step / params.bin))
+    first = math.ceil(params.warmup / params.bin) + params.spans[0]
+    looks = list(range(min(first, grid.nbins), grid.nbins, every))
+    if not looks or looks[-1] != grid.nbins:
+        looks.append(grid.nbins)
     state = Persistence(params.persistence)
     flips: list[tuple[float, bool]] = []
-    first: float | None = None
+    first_at: float | None = None
     j = Judgement(False, math.nan, 1.0, "warming up")
-    for now in times:
-        hi = int(np.searchsorted(t, now, side="right"))
-        j = judge(t[:hi], v[:hi], params, floor, now=now, since=t0)
-        if state.update(now, j.keeps(state.suspected)):
-            flips.append((now - t0, state.suspected))
-            if state.suspected and first is None:
-                first = now - t0
-    return Replay(j, state.suspected, first, flips, len(times))
+    for m in looks:
+        j = grid.look(m, floor)
+        at = m * params.bin
+        if state.update(t0 + at, j.keeps(state.suspected)):
+            flips.append((at, state.suspected))
+            if state.suspected and first_at is None:
+                first_at = at
+                if stop_on_flag:
+                    break
+    return Replay(j, state.suspected, first_at, flips, len(looks))

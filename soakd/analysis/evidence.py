@@ -3,7 +3,8 @@
 * CUDA series: a torch memory snapshot (``torch.cuda.memory._dump_snapshot``, loadable in
   https://pytorch.org/memory_viz) written to the state dir. Allocation stack traces come from
   ``torch.cuda.memory._record_memory_history(max_entries=N)``, a bounded ring that is on only
-  while suspicion is building (``leak.cuda_history = "auto"``), always (``"always"``), or
+  through warm-up and while suspicion builds (``leak.cuda_history = "auto"``: a strong leak is
+  flagged at its first judgement), always (``"always"``), or
   never (``"off"``: the snapshot then has segments and blocks without traces).
 * Host series: whether ``malloc_trim(0)`` gives the memory back (glibc keeping freed memory
   is allocator retention, not a leak) and, when tracemalloc is tracing, the allocation sites
@@ -25,6 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 log = logging.getLogger("soakd.leak")
 
 HOST_SERIES = frozenset({"host_rss", "host_uss", "malloc_in_use"})
@@ -38,7 +41,7 @@ class CudaHistory:
     """torch's allocation history ring: on and off on demand, always bounded."""
 
     def __init__(self, max_entries: int, device: int | None = None) -> None:
-        import torch
+        import torch  # CUDA runs only: `soakd analyze` imports this package without torch
 
         self._torch = torch
         self.max_entries = max_entries
@@ -77,8 +80,6 @@ def _libc_malloc_trim() -> Callable[[], int] | None:
 
 
 def _rss() -> float:
-    import psutil
-
     return float(psutil.Process().memory_info().rss)
 
 
@@ -125,7 +126,7 @@ class Evidence:
     # ---------------------------------------------------------------- suspicion building
 
     def building(self, series: str, rising: bool) -> None:
-        """Called every evaluation: ``rising`` while judgements say leak but the verdict is clear."""
+        """Called every evaluation: ``rising`` while not judged yet (warm-up) or near a leak (p within 20x alpha)."""
         if series not in CUDA_SERIES or self.cuda is None or self.mode != "auto":
             return
         if rising:

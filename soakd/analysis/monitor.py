@@ -17,8 +17,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import psutil
+
 from soakd.analysis.detector import DetectorParams, Judgement, Persistence, floor_for, judge
-from soakd.analysis.evidence import CUDA_SERIES, HOST_SERIES, Evidence
+from soakd.analysis.evidence import CUDA_SERIES, HOST_SERIES, CudaHistory, Evidence
+from soakd.store import default_state_dir
 from soakd.telemetry.catalogue import LEAK_SERIES
 from soakd.telemetry.series import SeriesStore
 
@@ -34,8 +37,6 @@ MIB = float(1 << 20)
 
 
 def host_available() -> float:
-    import psutil
-
     return float(psutil.virtual_memory().available)
 
 
@@ -44,7 +45,7 @@ def default_limits(cuda_device: int | None = None,
     """Host series: host available memory (psutil). CUDA series: free device memory
     (``torch.cuda.mem_get_info``: the device total minus what every process holds)."""
     if cuda_free is None and cuda_device is not None:
-        import torch
+        import torch  # a CUDA run has it loaded; `soakd analyze` imports this module without it
 
         def cuda_free() -> float:
             return float(torch.cuda.mem_get_info(cuda_device)[0])
@@ -61,10 +62,37 @@ def default_limits(cuda_device: int | None = None,
 
 @dataclass(frozen=True)
 class Verdict:
+    """The latest verdict on one series, as /status, the summary and the report show it."""
+
     series: str
+    state: str  # "leak" | "ok" | "not_judged" (warm-up, too short or too noisy to judge)
     suspected: bool
-    judgement: Judgement
+    slope_bytes_per_hour: float  # nan while not judged
+    p_value: float  # over the run (compare with leak.alpha); 1.0 while not judged
     eta_seconds: float  # +inf when not growing, nan when the limit is unknown
+    detectable_slope_bytes_per_hour: float  # caught with 90% probability at this noise; nan: not judged
+    judged_seconds: float  # span of data judged
+    reason: str
+    judgement: Judgement
+
+    @classmethod
+    def of(cls, series: str, suspected: bool, j: Judgement, eta: float) -> Verdict:
+        judged = j.judged and math.isfinite(j.detectable_bytes_per_hour)
+        state = "leak" if suspected else "ok" if judged else "not_judged"
+        return cls(series, state, suspected, j.slope_bytes_per_hour, j.p_value if j.judged else 1.0, eta,
+                   j.detectable_bytes_per_hour if judged else math.nan, j.judged_seconds, j.reason, j)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready (non-finite numbers as None, except an infinite ETA as None too)."""
+        def num(x: float, digits: int | None = None) -> float | None:
+            return None if not math.isfinite(x) else (round(x, digits) if digits is not None else float(x))
+
+        return {"state": self.state, "suspected": self.suspected,
+                "slope_bytes_per_hour": num(self.slope_bytes_per_hour, 1),
+                "p_value": num(self.p_value) if self.state != "not_judged" else None,
+                "exhaustion_eta_seconds": num(self.eta_seconds, 0),
+                "detectable_slope_bytes_per_hour": num(self.detectable_slope_bytes_per_hour, 1),
+                "judged_seconds": round(self.judged_seconds, 1), "reason": self.reason}
 
 
 class LeakMonitor:
@@ -121,22 +149,24 @@ class LeakMonitor:
         return dict(self._verdicts)
 
     def _evaluate_one(self, name: str, t: Any, v: Any, now: float) -> None:
-        floor = floor_for(name, self.cfg.min_slope_bytes_per_hour)
+        floor = floor_for(name, self.cfg.min_slope_bytes_per_hour, self.params.floor_scale)
         j = judge(t, v, self.params, floor, now=now, since=self.since)
         state = self._states.setdefault(name, Persistence(self.params.persistence))
         flipped = state.update(now, j.keeps(state.suspected))
         eta = self._eta(name, j)
-        verdict = Verdict(name, state.suspected, j, eta)
+        verdict = Verdict.of(name, state.suspected, j, eta)
         self._verdicts[name] = verdict
         self._export(verdict)
         if flipped:
             self._report(verdict, now)  # evidence first: the snapshot needs the ring still on
         if self.evidence is not None:
-            self.evidence.building(name, state.rising)
+            # Through warm-up too: a strong leak is flagged at its first judgement, and the
+            # snapshot then still has the allocations that led up to it.
+            self.evidence.building(name, not state.suspected and (j.building or not j.judged))
 
     def _eta(self, name: str, j: Judgement) -> float:
         slope = j.slope_bytes_per_hour
-        if not (math.isfinite(slope) and slope > 0 and j.p_value < self.params.alpha):
+        if not (math.isfinite(slope) and slope > 0 and (j.positive or j.holds)):
             return math.inf
         headroom = self.limits(name)
         if headroom is None:
@@ -151,6 +181,7 @@ class LeakMonitor:
         m.leak_slope.labels(s).set(j.slope_bytes_per_hour)
         m.leak_p_value.labels(s).set(j.p_value if math.isfinite(j.slope_bytes_per_hour) else math.nan)
         m.memory_exhaustion_eta.labels(s).set(v.eta_seconds)
+        m.leak_detectable_slope.labels(s).set(v.detectable_slope_bytes_per_hour)
 
     def _report(self, v: Verdict, now: float) -> None:
         j = v.judgement
@@ -160,6 +191,8 @@ class LeakMonitor:
             "p_value": j.p_value,
             "exhaustion_eta_seconds": None if not math.isfinite(v.eta_seconds) else round(v.eta_seconds),
             "judged_from": j.start,
+            "detectable_slope_bytes_per_hour": None if not math.isfinite(v.detectable_slope_bytes_per_hour)
+            else round(v.detectable_slope_bytes_per_hour, 1),
             "reason": j.reason,
         }
         if v.suspected:
@@ -182,13 +215,10 @@ class LeakMonitor:
 def monitor_for_run(cfg: Any, metrics: Metrics, store: SeriesStore, cuda_device: int | None,
                     on_event: OnEvent | None = None) -> LeakMonitor:
     """The monitor ``soakd run`` uses: real limits, evidence into the state dir."""
-    from soakd.store import default_state_dir
 
     lk: LeakConfig = cfg.leak
     cuda = None
     if cuda_device is not None:  # leak.cuda_history decides when it records; "off" still snapshots
-        from soakd.analysis.evidence import CudaHistory
-
         cuda = CudaHistory(lk.cuda_history_max_entries, cuda_device)
     evidence = Evidence(default_state_dir(cfg.state.dir), cuda_history=lk.cuda_history, cuda=cuda,
                         malloc_trim=lk.malloc_trim_probe)

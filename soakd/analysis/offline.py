@@ -1,8 +1,11 @@
 """``soakd analyze``: judge recorded memory traces (CSV ``timestamp_seconds,bytes``) offline.
 
-Each trace is replayed through the live detector with its persistence, so the verdict is the
-one ``soakd run`` would have reached at the end of the trace. No torch here: the command
-starts fast and judges hundreds of files in one process.
+Each trace is replayed through the live detector, so the verdict is the one ``soakd run``
+would have reached at the end of the trace: "leak", "ok" (with the smallest leak the trace
+could have shown: "no leak above 3.1 MiB/h after 6 h") or "not judged" (still in warm-up, or
+too short). A CI gate: exit 1 when any trace is judged leaking, 0 when none is, 2 when a file
+cannot be read (named with its line; the other files are still judged). No torch here: the
+command starts fast and judges hundreds of files in one process.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from soakd.analysis.detector import DetectorParams, Replay, floor_for, replay
+from soakd.config import load_config
 from soakd.errors import Exit
 from soakd.telemetry.catalogue import LEAK_SERIES
 
@@ -87,25 +91,38 @@ def judge_trace(
 ) -> dict[str, Any]:
     """The verdict for one trace as a JSON-ready dict."""
     series = trace.path.stem if trace.path.stem in LEAK_SERIES else "default"
-    r: Replay = replay(trace.t, trace.v, params, floor_for(series, table), step=step)
+    r: Replay = replay(trace.t, trace.v, params, floor_for(series, table, params.floor_scale), step=step)
     j = r.final
-    judged = math.isfinite(j.slope_bytes_per_hour)
+    judged = j.judged
+    state = "leak" if r.suspected else "ok" if judged and math.isfinite(j.detectable_bytes_per_hour) else "not_judged"
     return {
         "file": str(trace.path),
+        "state": state,
         "leak_suspected": r.suspected,
+        "detectable_slope_bytes_per_hour": _num(j.detectable_bytes_per_hour, 1) if judged else None,
+        "judged_seconds": _num(j.judged_seconds, 1),
         "slope_bytes_per_hour": _num(j.slope_bytes_per_hour, 1),
         "p_value": _num(j.p_value) if judged else None,
         "first_suspected_seconds": _num(r.first_suspected_at, 1),
         "samples": int(trace.t.size),
         "duration_seconds": _num(float(trace.t[-1] - trace.t[0]), 1) if trace.t.size else 0.0,
-        "reason": j.reason if judged or trace.t.size else "no data",
+        "reason": _reason(r, state) if trace.t.size else "no data",
     }
+
+
+def _reason(r: Replay, state: str) -> str:
+    j = r.final
+    if state == "leak" and not j.positive:  # flagged earlier; the signs still hold
+        at = r.first_suspected_at or 0.0
+        rise = j.slope_bytes_per_hour / 2**20
+        return f"leak suspected {at / 3600:.2f} h in and still holding: troughs rise {rise:.2f} MiB/h"
+    if state == "not_judged":
+        return f"not judged: {j.reason}"
+    return j.reason
 
 
 def _leak_config(ns: argparse.Namespace) -> Any:
     """``[leak]`` from --config with --leak-warmup / --leak-window on top (no model checks)."""
-    from soakd.config import load_config
-
     keys = ("leak.warmup", "leak.window")
     overrides = {k: getattr(ns, k) for k in keys if getattr(ns, k, None) is not None}
     return load_config(getattr(ns, "config", None), overrides).leak
@@ -116,8 +133,8 @@ def _table_row(r: dict[str, Any], width: int) -> str:
     slope_s = "-" if slope is None else f"{slope / 2**20:+.2f}"
     p = r["p_value"]
     first = r["first_suspected_seconds"]
-    verdict = "LEAK" if r["leak_suspected"] else "ok"
-    return (f"{r['file']:<{width}}  {verdict:<5}{slope_s:>12}{('-' if p is None else f'{p:.2g}'):>10}"
+    verdict = {"leak": "LEAK", "ok": "ok", "not_judged": "not judged"}[r["state"]]
+    return (f"{r['file']:<{width}}  {verdict:<11}{slope_s:>12}{('-' if p is None else f'{p:.2g}'):>10}"
             f"{('-' if first is None else f'{first / 3600:.2f} h'):>12}  {r['reason']}")
 
 
@@ -126,14 +143,14 @@ def analyze_command(ns: argparse.Namespace, out: TextIO | None = None, err: Text
     err = err or sys.stderr
     leak = _leak_config(ns)
     params = DetectorParams.from_config(leak)
-    # Live evaluation runs every evaluate_interval; replaying at a third of the persistence
-    # (and no finer than the envelope's points) reaches the same verdicts in far fewer steps.
-    step = max(leak.evaluate_interval, leak.bin, leak.persistence / 3)
+    # Live evaluation runs every evaluate_interval; replaying every 5 min (or 1/30 of a short
+    # window) finds the same verdicts at a fraction of the looks.
+    step = max(leak.evaluate_interval, params.bin, min(300.0, params.window / 30))
     table = dict(leak.min_slope_bytes_per_hour)
     width = min(60, max((len(f) for f in ns.files), default=4))
-    failed = 0
+    failed = leaking = 0
     if not ns.json:
-        print(f"{'file':<{width}}  {'verdict':<5}{'MiB/h':>12}{'p':>10}{'suspected':>12}  reason", file=out)
+        print(f"{'file':<{width}}  {'verdict':<11}{'MiB/h':>12}{'p':>10}{'suspected':>12}  reason", file=out)
     for name in ns.files:
         try:
             trace = read_trace(Path(name))
@@ -142,8 +159,10 @@ def analyze_command(ns: argparse.Namespace, out: TextIO | None = None, err: Text
             failed += 1
             continue
         result = judge_trace(trace, params, table, step)
+        leaking += result["state"] == "leak"
         if ns.json:
             print(json.dumps(result), file=out)
         else:
             print(_table_row(result, width), file=out)
-    return Exit.USAGE if failed else Exit.OK
+    # Bad input outranks a leak: the gate cannot vouch for a file it could not read.
+    return Exit.USAGE if failed else Exit.FAIL if leaking else Exit.OK

@@ -221,3 +221,154 @@ def warmup_end(x: Array, y: Array, *, min_ratio: float = 4.0, min_tail: int = 4)
     if before <= 0 or before < min_ratio * max(after, 0.0) or sse[best] > 0.5 * sse_line:
         return 0
     return int(ks[best])
+
+
+# ---- The sequential test's pieces: a fixed bin grid, a truncated envelope, a noise model.
+
+
+def bin_minima(t: Array, v: Array, origin: float, bin_seconds: float, nbins: int) -> Array:
+    """Minimum of ``v`` in bins ``[origin + i*bin, origin + (i+1)*bin)`` for i < ``nbins``.
+
+    Bins are aligned to a fixed origin (the run's start), so a bin's value never changes once
+    it is complete and a replay can compute the grid once. Empty bins are nan."""
+    out = np.full(max(0, nbins), np.inf)
+    if nbins <= 0 or t.size == 0:
+        return np.full(max(0, nbins), np.nan)
+    idx = np.floor((t - origin) / bin_seconds).astype(np.int64)
+    keep = (idx >= 0) & (idx < nbins)
+    np.minimum.at(out, idx[keep], v[keep])
+    out[np.isinf(out)] = np.nan
+    return out
+
+
+def trailing_min(y: Array, k: int, start: int = 0) -> Array:
+    """Trailing minimum over ``k`` points of ``y[start:]``, never reaching before ``start``
+    (the first points take the minimum so far). nan points are skipped (a gap)."""
+    seg = y[start:]
+    if seg.size == 0 or k <= 1:
+        return seg.copy()
+    # inf for the padding and the gaps: the minimum skips them; a window of nothing but gap stays inf.
+    pad = np.concatenate([np.full(k - 1, np.inf), np.where(np.isnan(seg), np.inf, seg)])
+    out = np.lib.stride_tricks.sliding_window_view(pad, k).min(axis=1)
+    out[np.isinf(out)] = np.nan
+    return np.asarray(out, dtype=np.float64)
+
+
+def ols_slope(y: Array) -> float:
+    """Least-squares slope per point (nan under 2 points)."""
+    n = y.size
+    if n < 2:
+        return math.nan
+    x = np.arange(n, dtype=np.float64)
+    xc = x - x.mean()
+    return float(np.dot(xc, y - y.mean()) / np.dot(xc, xc))
+
+
+def upper_tail(z: float) -> float:
+    """P(Z > z) for a standard normal Z."""
+    return _upper_tail(z)
+
+
+def z_for(p: float) -> float:
+    """The z with P(Z > z) = p."""
+    return _NORMAL.inv_cdf(1.0 - min(max(p, 1e-300), 0.5))
+
+
+def extend_variogram(gam: Array, reliable: int, length: int) -> Array:
+    """``gam`` to lags 0..length-1: measured up to ``reliable``, beyond it a random walk at the
+    growth rate seen between reliable/2 and reliable (never shrinking: the test errs towards
+    "no leak" where the data cannot say how far the level wanders)."""
+    reliable = max(2, min(reliable, gam.size - 1))
+    half = reliable // 2
+    q = max(0.0, float(gam[reliable] - gam[half]) / max(1, reliable - half))
+    out = np.empty(length)
+    keep = min(length, reliable + 1)
+    out[:keep] = gam[:keep]
+    if length > keep:
+        h = np.arange(keep, length, dtype=np.float64)
+        out[keep:] = gam[reliable] + q * (h - reliable)
+    return out
+
+
+_LAG_WEIGHTS: dict[int, Array] = {}
+
+
+def slope_lag_weights(n: int) -> Array:
+    """``a[h] = sum_i c[i] c[i+h]`` for the least-squares slope weights c of n points, so that
+    ``var(slope) = -sum_{h>=1} gamma(h) a[h]`` for any series with stationary increments and
+    variogram gamma (the constant and the level drop out since sum c = 0). Cached per n."""
+    got = _LAG_WEIGHTS.get(n)
+    if got is None:
+        x = np.arange(n, dtype=np.float64)
+        c = (x - x.mean()) / float(np.sum((x - x.mean()) ** 2))
+        got = np.correlate(c, c, "full")[n - 1 :].astype(np.float64)
+        _LAG_WEIGHTS[n] = got
+    return got
+
+
+def slope_variance(y: Array, span: int) -> float:
+    """Variance of the least-squares slope (per point) over the newest ``span`` points of ``y``,
+    at the noise ``y`` shows (any autocorrelation: the variogram enters the exact formula).
+
+    The variogram up to lag ``span`` comes from blocks of 4 spans, each detrended by its own
+    line (:func:`lag_variogram`), so a leak that started late or a level shift spoils one
+    block, not the estimate (an outlying block is left out), and is made non-decreasing.
+    With under two blocks of history, from all of it, measured up to a quarter of its length
+    and extended beyond as a random walk."""
+    n = y.size
+    block = 4 * span
+    nb = n // block
+    if nb >= 2:
+        rows = y[n - nb * block :].reshape(nb, block)
+        per = np.stack([lag_variogram(row, span) for row in rows])
+        level = per[:, 1:].mean(axis=1)
+        keep = np.ones(nb, dtype=bool)
+        if nb >= 3:
+            worst = int(np.argmax(level))
+            if level[worst] > 4.0 * float(np.median(level)):
+                keep[worst] = False
+        gam = per[keep].mean(axis=0)
+    else:
+        gam = extend_variogram(lag_variogram(y, max(5, n // 4 + 1)), max(4, n // 4), span)
+    # Non-decreasing over lags (noise and wander only add up with lag): an estimate noisy at
+    # some lag can then never make the variance negative, and a periodic swing counts at its
+    # full height from the lag it first reaches it.
+    gam = np.maximum.accumulate(gam[:span])
+    a = slope_lag_weights(span)
+    return max(0.0, float(-np.dot(gam[1:span], a[1:span])))
+
+
+def take_out_step(y: Array, history: Array, max_lag: int, min_sigmas: float = 5.0) -> Array:
+    """``y`` with its largest rise over up to ``max_lag`` points taken out, if that rise stands
+    out from the rises over ``max_lag`` points across ``history`` (robust centre and spread:
+    a leak rises at its pace everywhere; a level shift once). One step is not a leak."""
+    if y.size < 3 or history.size <= max_lag + 2:
+        return y
+    d = history[max_lag:] - history[:-max_lag]
+    centre = float(np.median(d))
+    spread = 1.4826 * float(np.median(np.abs(d - centre)))
+    best, at, lag = 0.0, 0, 1
+    for k in range(1, min(max_lag, y.size - 1) + 1):
+        dk = y[k:] - y[:-k]
+        i = int(np.argmax(dk))
+        if dk[i] > best:
+            best, at, lag = float(dk[i]), i, k
+    if best - max(centre, 0.0) * lag / max_lag <= min_sigmas * spread or best <= 0:
+        return y
+    out = y.copy()
+    out[at + lag :] -= best
+    out[at + 1 : at + lag] = y[at]
+    return out
+
+
+def lag_variogram(y: Array, lags: int) -> Array:
+    """``out[h] = mean((r[i+h] - r[i])**2)``, h = 0..lags-1, over the pairs that start in the
+    first ``n - lags + 1`` points (the same pairs at every lag), ``r`` being ``y`` detrended
+    by its least-squares line. The mean, not the median: a trough envelope holds flat for
+    many points, and a median of its changes would call it noiseless."""
+    n = y.size
+    lags = max(1, min(lags, n - 1))
+    r = y - ols_slope(y) * np.arange(n, dtype=np.float64)
+    win = np.lib.stride_tricks.sliding_window_view(r, lags)
+    d = win - win[:, :1]
+    return np.asarray(np.mean(d * d, axis=0), dtype=np.float64)

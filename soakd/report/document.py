@@ -79,8 +79,11 @@ def build_report(state: RunState, *, slo: SloConfig | None = None, summary: dict
         samples[name] = (arr[:, 0], arr[:, 1])
     # The live monitor's verdict (saved in the summary) outranks one judgement over the samples.
     saved: dict[str, dict[str, Any]] = (summary or {}).get("memory") or {}
-    live = {s: {"suspected": m.get("leak_suspected"), "slope_bytes_per_hour": m.get("slope_bytes_per_hour"),
-                "p_value": m.get("p_value")}
+    live = {s: {"state": m.get("leak_state"), "suspected": m.get("leak_suspected"),
+                "slope_bytes_per_hour": m.get("slope_bytes_per_hour"), "p_value": m.get("p_value"),
+                "detectable_slope_bytes_per_hour": m.get("detectable_slope_bytes_per_hour"),
+                "judged_seconds": m.get("judged_seconds"), "exhaustion_eta_seconds": m.get("exhaustion_eta_seconds"),
+                "reason": str(m.get("verdict", "")).split(": ", 1)[-1]}
             for s, m in saved.items() if m.get("verdict_source") == "leak monitor"}
     memory = memory_block(samples, _section(LeakConfig, config.get("leak")), live)
     for name, info in memory.items():

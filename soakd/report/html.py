@@ -109,7 +109,7 @@ def _memory(doc: ReportDoc) -> str:
     if not rows:
         return out[0] + "<p>No memory samples recorded.</p>"
     out.append(table(["series", "first MiB", "last MiB", "min MiB", "max MiB", "trend MiB/h",
-                      "leak slope MiB/h", "verdict"], rows, numeric_from=1))
+                      "leak slope MiB/h", "detectable MiB/h", "verdict"], rows, numeric_from=1))
     t0 = doc.t0
     for name, (t, v) in doc.samples.items():
         if t.size:

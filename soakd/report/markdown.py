@@ -53,7 +53,7 @@ def render_markdown(doc: ReportDoc) -> str:
         out += [cell(shapes), ""]
     memory = sections.memory_rows(data)
     header = ["series", "first MiB", "last MiB", "min MiB", "max MiB", "trend MiB/h", "leak slope MiB/h",
-              "verdict"]
+              "detectable MiB/h", "verdict"]
     out += ["## Memory", "", table(header, memory) if memory else "No memory samples recorded.", ""]
     events = sections.event_rows(data)
     out += ["## Events", "",

@@ -44,20 +44,28 @@ def series_summary(name: str, t: Array, v: Array, leak: LeakConfig,
                seconds=round(float(t[-1] - t[0]), 3))
     line = trend_line(t, v)
     out["trend_bytes_per_hour"] = None if line is None else round(line[0] * 3600.0, 3)
-    # The monitor exports suspected=0 (and a NaN slope) while a series is still warming up:
-    # that is "not judged yet", not "no leak".
-    if live is not None and (live.get("suspected") or live.get("slope_bytes_per_hour") is not None):
+    # The live monitor's verdict (it applies persistence over many looks) when it has one; a series
+    # it has not judged yet (warm-up, too little data) is "not judged", never "no leak".
+    if live is not None and live.get("state") in ("leak", "ok"):
         suspected = bool(live["suspected"])
-        out.update(leak_suspected=suspected, slope_bytes_per_hour=_finite(live.get("slope_bytes_per_hour")),
-                   p_value=_finite(live.get("p_value")), verdict_source="leak monitor",
-                   verdict="leak suspected" if suspected else "no leak")
+        out.update(leak_state=live["state"], leak_suspected=suspected,
+                   slope_bytes_per_hour=_finite(live.get("slope_bytes_per_hour")),
+                   p_value=_finite(live.get("p_value")),
+                   detectable_slope_bytes_per_hour=_finite(live.get("detectable_slope_bytes_per_hour")),
+                   judged_seconds=live.get("judged_seconds"),
+                   exhaustion_eta_seconds=_finite(live.get("exhaustion_eta_seconds")),
+                   verdict_source="leak monitor",
+                   verdict=("leak suspected: " if suspected else "no leak: ") + str(live.get("reason", "")))
         return out
     j = judge(t, v, DetectorParams.from_config(leak), floor_for(name, leak.min_slope_bytes_per_hour))
     judged = math.isfinite(j.slope_bytes_per_hour)
     prefix = "leak suspected: " if j.positive else "no leak: " if judged else "not judged: "
-    out.update(leak_suspected=j.positive if judged else None,
+    out.update(leak_state="leak" if j.positive else "ok" if judged else "not_judged",
+               leak_suspected=j.positive if judged else None,
                slope_bytes_per_hour=_finite(j.slope_bytes_per_hour),
                p_value=_finite(j.p_value) if judged else None,
+               detectable_slope_bytes_per_hour=_finite(j.detectable_bytes_per_hour) if judged else None,
+               judged_seconds=round(j.judged_seconds, 1),
                verdict_source="detector on recorded samples", verdict=prefix + j.reason)
     return out
 

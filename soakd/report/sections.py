@@ -117,7 +117,8 @@ def shapes_line(data: dict[str, Any]) -> str | None:
 def memory_rows(data: dict[str, Any]) -> list[list[str]]:
     return [[name, units.mib(m.get("first")), units.mib(m.get("last")), units.mib(m.get("min")),
              units.mib(m.get("max")), units.mib_per_hour(m.get("trend_bytes_per_hour")),
-             units.mib_per_hour(m.get("slope_bytes_per_hour")), str(m.get("verdict", "-"))]
+             units.mib_per_hour(m.get("slope_bytes_per_hour")), units.mib_per_hour(
+                 m.get("detectable_slope_bytes_per_hour"), signed=False), str(m.get("verdict", "-"))]
             for name, m in (data.get("memory") or {}).items()]
 
 

@@ -33,9 +33,12 @@ def mib(v_bytes: float | None) -> str:
     return f"{v_bytes / MIB:.1f}" if _finite(v_bytes) else "-"
 
 
-def mib_per_hour(v_bytes_per_hour: float | None) -> str:
-    """A memory slope in MiB/h from bytes per hour, always signed: ``+5.06``, ``+5059.46``."""
-    return f"{v_bytes_per_hour / MIB:+.2f}" if _finite(v_bytes_per_hour) else "-"
+def mib_per_hour(v_bytes_per_hour: float | None, *, signed: bool = True) -> str:
+    """A memory slope in MiB/h from bytes per hour, signed: ``+5.06``, ``+5059.46`` (a bound,
+    such as the smallest leak the data would have caught, unsigned: ``3.10``)."""
+    if not _finite(v_bytes_per_hour):
+        return "-"
+    return f"{v_bytes_per_hour / MIB:+.2f}" if signed else f"{v_bytes_per_hour / MIB:.2f}"
 
 
 def seconds(v: float | None) -> str:

@@ -63,17 +63,7 @@ def batch_buckets(metrics: Metrics) -> list[dict[str, Any]]:
 
 def live_verdicts(verdicts: dict[str, Verdict]) -> dict[str, dict[str, Any]]:
     """The leak monitor's verdicts as the summary's memory section and /status take them."""
-    out: dict[str, dict[str, Any]] = {}
-    for series, v in verdicts.items():
-        j = v.judgement
-        slope = j.slope_bytes_per_hour
-        out[series] = {
-            "suspected": v.suspected,
-            "slope_bytes_per_hour": slope if math.isfinite(slope) else None,
-            "p_value": j.p_value if math.isfinite(slope) and math.isfinite(j.p_value) else None,
-            "exhaustion_eta_seconds": v.eta_seconds if math.isfinite(v.eta_seconds) else None,
-        }
-    return out
+    return {series: v.as_dict() for series, v in verdicts.items()}
 
 
 def build_summary(cfg: Config, engine: Engine, stats: EngineStats, *, run: dict[str, Any],

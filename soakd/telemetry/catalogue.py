@@ -233,6 +233,11 @@ class Metrics:
             p + "leak_slope_bytes_per_hour", "Robust trend of the series after warm-up", ["series"], registry=r
         )
         self.leak_p_value = Gauge(p + "leak_p_value", "Trend test p-value", ["series"], registry=r)
+        self.leak_detectable_slope = Gauge(
+            p + "leak_detectable_slope_bytes_per_hour",
+            "Smallest slope the data so far would have caught with 90% probability (NaN: not judged)", ["series"],
+            registry=r,
+        )
         self.memory_exhaustion_eta = Gauge(
             p + "memory_exhaustion_eta_seconds", "Time to the limit at the current slope (+Inf: never)", ["series"],
             registry=r,
