@@ -10,12 +10,14 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -51,9 +53,9 @@ def _restore_global_state() -> Iterator[None]:
             root.removeHandler(h)
             h.close()
     root.setLevel(level)
-    for s, h in signals.items():
-        if signal.getsignal(s) is not h:
-            signal.signal(s, h)
+    for sig, handler in signals.items():
+        if signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)
     sys.setswitchinterval(switch)
 
 
@@ -69,10 +71,13 @@ def soakd_cmd(*args: str) -> list[str]:
 
 def scrape(port: int, path: str = "/metrics", timeout: float = 5.0) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as resp:
-        return resp.read().decode()
+        body: bytes = resp.read()  # urlopen's response is untyped
+        return body.decode()
 
 
-def wait_for(predicate, timeout: float = 60.0, interval: float = 0.2, what: str = "condition"):  # type: ignore[no-untyped-def]
+def wait_for(
+    predicate: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.2, what: str = "condition",
+) -> T:
     """Poll until ``predicate()`` returns a truthy value; fail with ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
     last_exc: Exception | None = None

@@ -172,7 +172,7 @@ def test_real_runs_without_windows_use_the_histograms(two_short_runs: tuple[Path
     res = compare(*stripped)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "histogram sampling error" in res.stdout and "Poisson error of the ok counts" in res.stdout
-    out = io.StringIO()
+    printed = io.StringIO()
     docs = [json.loads(p.read_text()) for p in stripped]
-    print_comparison(Comparison(docs[0], docs[1], CompareConfig()).run(), "A", "B", out)
-    assert out.getvalue().strip().endswith(("no regression", ")"))
+    print_comparison(Comparison(docs[0], docs[1], CompareConfig()).run(), "A", "B", printed)
+    assert printed.getvalue().strip().endswith(("no regression", ")"))

@@ -24,7 +24,8 @@ by_stack = pytest.mark.parametrize("name", STACKS)
 
 
 def load(name: str) -> dict[str, Any]:
-    return yaml.safe_load((REPO / name).read_text())
+    doc: dict[str, Any] = yaml.safe_load((REPO / name).read_text())
+    return doc
 
 
 def flag(command: list[str], name: str) -> str:

@@ -14,6 +14,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,17 +50,20 @@ class FakeSystemd:
         return [(t, m) for t, m in self.messages if m.startswith(prefix)]
 
     def wait(self, prefix: str, count: int = 1, timeout: float = 60.0) -> list[tuple[float, str]]:
-        return wait_for(lambda: (found := self.lines(prefix)) and len(found) >= count and found,  # type: ignore[no-any-return]
-                        timeout, interval=0.05, what=f"{count} x {prefix!r} on NOTIFY_SOCKET")
+        def enough() -> list[tuple[float, str]] | None:
+            found = self.lines(prefix)
+            return found if len(found) >= count else None
+
+        return wait_for(enough, timeout, interval=0.05, what=f"{count} x {prefix!r} on NOTIFY_SOCKET")
 
     def close(self) -> None:
         self.sock.close()
 
 
 @pytest.fixture
-def systemd() -> FakeSystemd:
+def systemd() -> Iterator[FakeSystemd]:
     s = FakeSystemd()
-    yield s  # type: ignore[misc]
+    yield s
     s.close()
 
 

@@ -22,7 +22,8 @@ NVML_METRIC = re.compile(r"\bsoakd_gpu_\w+")
 
 
 def load(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())
+    doc: dict[str, Any] = json.loads(path.read_text())
+    return doc
 
 
 def data_panels(d: dict[str, Any]) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from soakd.cli import main
@@ -90,11 +91,12 @@ def fleet(
 
 
 def gpu(doc: dict[str, Any], source: Path | str) -> dict[str, Any]:
-    (entry,) = [g for g in doc["gpus"] if g["source"] == str(source)]
+    entries: list[dict[str, Any]] = [g for g in doc["gpus"] if g["source"] == str(source)]
+    (entry,) = entries
     return entry
 
 
-def counts(hists: dict[str, HistSnapshot], stage: str) -> np.ndarray:
+def counts(hists: dict[str, HistSnapshot], stage: str) -> npt.NDArray[np.int64]:
     return hists[stage].counts
 
 
@@ -107,7 +109,7 @@ def test_merged_histograms_are_the_sum_of_the_gpus(gpus: dict[str, Path]) -> Non
     merged = hists_from_json(doc["latency_histograms"], "fleet")
     assert merged is not None and set(merged) == set(per_gpu[0]) | set(per_gpu[1])
     for stage in merged:
-        expected = sum(counts(h, stage) for h in per_gpu if stage in h)
+        expected: npt.NDArray[np.int64] = np.sum([counts(h, stage) for h in per_gpu if stage in h], axis=0)
         np.testing.assert_array_equal(counts(merged, stage), expected, err_msg=stage)
         total = HistSnapshot(
             expected,

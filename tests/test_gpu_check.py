@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
 from prometheus_client import generate_latest
 
 from bench import gpu_check, gpu_steps
 from soakd.config import load_config
 from soakd.models.loader import load_model
 from soakd.telemetry.catalogue import Metrics
+from tests.conftest import REPO
 
 STEP_NAMES = [s.name for s in gpu_check.STEPS]
 

@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import soakd_cmd
 from PIL import Image
 
 from soakd.workload.preprocess import BadInput, Preprocessor, TextLine
 from soakd.workload.samples import MAX_DEPTH, SampleSource, SampleWalker
+from tests.conftest import soakd_cmd
 
 
 def no_dac_override() -> tuple[str, ...]:

@@ -23,7 +23,7 @@ NOOP = ("--model", "builtin:noop", "--warmup", "1", "--concurrency", "2", "--dur
 def raw(port: int, request: bytes, timeout: float = 10.0) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(request)
-        chunks = []
+        chunks: list[bytes] = []
         while True:
             chunk = s.recv(65536)
             if not chunk:

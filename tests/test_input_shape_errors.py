@@ -57,7 +57,7 @@ class TestCommaMeansMix:
 
 def _linear16(tmp_path: Path) -> Path:
     path = tmp_path / "linear16.pt"
-    torch.jit.script(nn.Linear(16, 4)).save(str(path))
+    torch.jit.save(torch.jit.script(nn.Linear(16, 4)), str(path))
     return path
 
 

@@ -26,9 +26,14 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from soakd.config import load_config, tomllib
+from soakd.config import load_config
 from soakd.telemetry.catalogue import Metrics
 from tests.conftest import REPO, free_port, wait_for
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same fallback soakd.config uses
+    import tomli as tomllib
 
 K8S = REPO / "deploy" / "kubernetes"
 CRD_DIR = REPO / "tests" / "fixtures" / "prometheus-operator"
@@ -352,7 +357,7 @@ def test_generated_objects_carry_the_sources_exactly() -> None:
         assert cm["data"] == {path.name: path.read_text()}, path.name
 
 
-def test_generated_objects_follow_an_edited_source(tmp_path: Path) -> None:
+def test_generated_objects_follow_an_edited_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The drift check fails once a source changes: a rules file edited after generation."""
     import importlib.util
 
@@ -362,7 +367,7 @@ def test_generated_objects_follow_an_edited_source(tmp_path: Path) -> None:
     spec.loader.exec_module(gen)
     rules = tmp_path / "rules"
     shutil.copytree(REPO / "prometheus" / "rules", rules)
-    gen.RULES_DIR = rules
+    monkeypatch.setattr(gen, "RULES_DIR", rules)
     assert list(gen.stale()) == []
     path = rules / "soakd-alerts.yml"
     path.write_text(path.read_text().replace("for: 5m", "for: 7m", 1))

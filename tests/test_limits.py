@@ -15,10 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 from apscheduler.triggers.cron import CronTrigger
-from conftest import soakd_cmd
 
 from soakd.config import MAX_RATE, ConfigError, format_bytes, load_config, parse_duration
 from soakd.specs import check_crontab
+from tests.conftest import soakd_cmd
 
 HALF_RAM = format_bytes(psutil.virtual_memory().total // 2)
 

@@ -104,7 +104,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             if prom.poll() is not None:
                 raise AssertionError(f"prometheus exited ({prom.returncode}):\n{prom_log.read_text()}")
             with urllib.request.urlopen(f"{s.prom_url}/-/ready", timeout=2) as resp:
-                return resp.status == 200
+                status: int = resp.status  # urlopen's response is untyped
+                return status == 200
 
         wait_for(prometheus_ready, 30, what="Prometheus to be ready")
         wait_for(lambda: _values(s.query('up{job="soakd"} == 1')), 30, what="Prometheus to scrape soakd")

@@ -23,13 +23,14 @@ class Tiny(nn.Module):
         self.fc = nn.Linear(8, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(x).softmax(-1)
+        y: torch.Tensor = self.fc(x)  # Module.__call__ is untyped
+        return y.softmax(-1)
 
 
 def test_torchscript_model_runs_end_to_end(tmp_path: Path) -> None:
     """A scripted model file soaks through the CLI, and its sha256 is the file's."""
     path = tmp_path / "tiny.pt"
-    torch.jit.script(Tiny()).save(str(path))
+    torch.jit.save(torch.jit.script(Tiny()), str(path))
     out = tmp_path / "s.json"
     res = subprocess.run(
         soakd_cmd("run", "--model", f"torchscript:{path}", "--input-shapes", "8", "--duration", "1s",

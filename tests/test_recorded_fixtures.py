@@ -9,12 +9,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from telemetry_fakes import RECORDED, FakeCuda, FakeNvml, fixture_json, load_json, recorded_dir
 
 from bench import gpu_record
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.nvml import NvmlSampler
 from soakd.telemetry.torch_cuda import TorchCudaSampler, largest_free_blocks
+from tests.telemetry_fakes import RECORDED, FakeCuda, FakeNvml, fixture_json, load_json, recorded_dir
 
 FILES = (*gpu_record.STATS_AT.values(), gpu_record.SNAPSHOT, gpu_record.NVML)
 

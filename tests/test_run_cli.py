@@ -116,5 +116,6 @@ def test_an_unexpected_failure_exits_3_with_its_traceback(monkeypatch: pytest.Mo
         raise RuntimeError("sampler state corrupted")
 
     monkeypatch.setattr(session, "run", broken)
-    assert cli.main(["run", "--model", "builtin:noop", "--duration", "1s"]) == Exit.CRASH == 3
+    rc = cli.main(["run", "--model", "builtin:noop", "--duration", "1s"])
+    assert rc == Exit.CRASH and rc == 3
     assert "soakd crashed" in caplog.text and "RuntimeError: sampler state corrupted" in caplog.text

@@ -9,11 +9,12 @@ import os
 import subprocess
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import soakd_cmd
 
 from soakd.config import REDACTED, is_secret_key, redact_secrets
+from tests.conftest import soakd_cmd
 
 FACTORY = '''
 import torch
@@ -114,7 +115,7 @@ def test_credentials_are_told_by_the_parts_of_a_key_name(key: str, secret: bool)
 
 def test_redaction_reaches_into_lists_and_leaves_none_alone() -> None:
     """Nested tables inside lists are redacted; an unset (None) secret stays None; the input is not changed."""
-    data = {"hubs": [{"token": "t"}, {"name": "n"}], "password": None}
+    data: dict[str, Any] = {"hubs": [{"token": "t"}, {"name": "n"}], "password": None}
     assert redact_secrets(data) == {"hubs": [{"token": REDACTED}, {"name": "n"}], "password": None}
     assert data["hubs"][0]["token"] == "t"
 

@@ -89,7 +89,12 @@ class TestPadding:
         cfg = load_config(None, {"input.shapes": "seq:uniform(min=4,max=64)", "input.pad": True,
                                  "load.concurrency": 32, "batcher.max_batch_size": 8, "model.warmup": 0})
         seen: list[tuple[int, ...]] = []
-        engine = Engine(LocalModelTarget(lambda x: seen.append(tuple(x.shape)) or x, torch.device("cpu")),
+
+        def record(x: torch.Tensor) -> torch.Tensor:
+            seen.append(tuple(x.shape))
+            return x
+
+        engine = Engine(LocalModelTarget(record, torch.device("cpu")),
                         build_source(cfg, None, torch.float32), cfg, Metrics())
         engine.start()
         deadline = time.monotonic() + 60

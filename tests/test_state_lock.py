@@ -13,9 +13,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import soakd_cmd
 
 from soakd.store import DB_NAME
+from tests.conftest import soakd_cmd
 
 NOOP = ("--model", "builtin:noop", "--warmup", "1", "--concurrency", "2")
 
@@ -166,7 +166,7 @@ def test_report_on_an_unreadable_state_dir_names_the_file(recorded: Path, tmp_pa
     shutil.copytree(recorded, state)
     (state / DB_NAME).chmod(0)
     try:
-        proc = report(state, prefix=prefix)  # type: ignore[arg-type]
+        proc = report(state, prefix=prefix)
     finally:
         (state / DB_NAME).chmod(0o600)
     assert proc.returncode == 2, proc.stderr

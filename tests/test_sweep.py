@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ BOTTLENECKS = {"preprocess-bound", "model-bound", "queueing", "postprocess-bound
 SEED_TABLE = [(1, 65, 15.2), (4, 180, 22.1), (8, 240, 33.5), (32, 260, 123.0)]
 
 
-def _steps(rows: list[tuple[int, float, float]]) -> list[dict[str, object]]:
+def _steps(rows: Sequence[tuple[int, float, float]]) -> list[dict[str, object]]:
     return [
         {"index": i, "concurrency": 16, "max_batch_size": b, "throughput_rps": q, "p99_ms": p, "stable": True}
         for i, (b, q, p) in enumerate(rows)

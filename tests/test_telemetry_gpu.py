@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from telemetry_fakes import load_json
 
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.nvml import NvmlSampler
 from soakd.telemetry.pipeline import gpu_uuids
 from soakd.telemetry.series import SeriesStore
 from soakd.telemetry.torch_cuda import TorchCuda, TorchCudaSampler, TorchCudaSnapshotSampler
+from tests.telemetry_fakes import load_json
 
 pytestmark = pytest.mark.gpu
 MiB = 1 << 20

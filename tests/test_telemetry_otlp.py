@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_port, wait_for
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
@@ -24,6 +23,7 @@ from opentelemetry.sdk.resources import Resource
 
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.otlp import RegistryBridge, build_resource, otlp_wanted
+from tests.conftest import free_port, wait_for
 
 
 class Receiver:

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conftest import metric_value, wait_for
+from tests.conftest import metric_value, wait_for
 
 LEAKY_MODEL = '''
 import time

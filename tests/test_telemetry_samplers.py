@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from telemetry_fakes import FakeCuda, FakeNvml, clk_tck, fake_proc, fixture_json, load_json, rollup_kb
 
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.gc_stats import GcSampler
@@ -23,6 +22,7 @@ from soakd.telemetry.nvml import NvmlSampler, clock_event_reasons
 from soakd.telemetry.scheduler import SourceUnavailable
 from soakd.telemetry.series import SeriesStore
 from soakd.telemetry.torch_cuda import TorchCudaSampler, TorchCudaSnapshotSampler
+from tests.telemetry_fakes import FakeCuda, FakeNvml, clk_tck, fake_proc, fixture_json, load_json, rollup_kb
 
 MiB = 1 << 20
 

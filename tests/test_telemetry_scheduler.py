@@ -9,13 +9,13 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from conftest import wait_for
-from telemetry_fakes import FakeNvml
 
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.host import HostSampler
 from soakd.telemetry.nvml import NvmlSampler
 from soakd.telemetry.scheduler import SamplerScheduler, SourceUnavailable
+from tests.conftest import wait_for
+from tests.telemetry_fakes import FakeNvml
 
 
 def value(metrics: Metrics, name: str, **labels: str) -> float | None:
