@@ -731,7 +731,7 @@ def _validate_target(cfg: Config) -> None:
     _require(tg.api in TARGET_APIS, f"target.api: expected {', '.join(TARGET_APIS)}, got {tg.api!r}")
     if tg.url is None:
         return
-    from urllib.parse import urlsplit
+    from urllib.parse import urlsplit  # local, as the checks above: only a run with a target needs it
 
     parts = urlsplit(tg.url)
     _require(parts.scheme in ("http", "https") and bool(parts.hostname),

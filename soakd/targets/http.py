@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -43,8 +45,12 @@ T = TypeVar("T")
 def _reason(exc: BaseException) -> str:
     """One short phrase for a failed connection: the OS error where there is one."""
     os_error = getattr(exc, "os_error", None)
-    if isinstance(os_error, OSError) and os_error.strerror:
-        return os_error.strerror.lower()
+    if isinstance(os_error, OSError):
+        # asyncio words a refusal "Connect call failed (...)"; the errno says "connection refused".
+        if os_error.errno and os_error.errno > 0 and not isinstance(os_error, socket.gaierror):
+            return os.strerror(os_error.errno).lower()
+        if os_error.strerror:
+            return os_error.strerror.lower()  # DNS: "name or service not known"
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return "server disconnected"
     text = str(exc) or type(exc).__name__
