@@ -89,6 +89,7 @@ def main() -> None:
     ap.add_argument("--pause-every", type=float, default=0.0)
     ap.add_argument("--pause-ms", type=float, default=0.0)
     args = ap.parse_args()
+    ThreadingHTTPServer.request_queue_size = 256  # listen backlog (default 5): no SYN dropped, no 1 s retry
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     server.daemon_threads = True
     if args.pause_every > 0:
