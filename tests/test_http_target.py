@@ -209,6 +209,8 @@ def test_server_killed_and_restarted_mid_soak(server: Server, bodies: Path, tmp_
         server.kill()
         wait_for(lambda: metric_value(d.metrics(), "soakd_target_up", up) == 0, 10, what="target_up 0")
         assert "target down: " + server.url("/ok") in _healthz(d.port)
+        status = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{d.port}/status", timeout=5).read())
+        assert status["target"]["up"] is False and status["target"]["outages"] == 1
         time.sleep(2.0)
         server.start()
         wait_for(lambda: metric_value(d.metrics(), "soakd_target_up", up) == 1, 10, what="target_up 1 again")

@@ -82,6 +82,7 @@ class RunSession:
         self.leak: LeakMonitor | None = None
         self.window: Delta | None = None
         self.offline_rps: float | None = None
+        self.target_summary: Callable[[], dict[str, Any]] | None = None  # a network target's /status block
         self._overhead_warned = False
         self._overload_ticks = 0
         self._overloaded = False
@@ -134,6 +135,7 @@ class RunSession:
         source = steps.body_source(cfg)  # no bodies: exit 2 before anything connects
         target, connect_s = steps.open_network_target(cfg, self.metrics)
         self.health.target_down = target.down_reason
+        self.target_summary = target.summary
         try:
             if self.stop.event.is_set():
                 return self._stopped_early(life, "connecting")
@@ -320,4 +322,5 @@ class RunSession:
     def status(self) -> dict[str, Any]:
         """/status: what the run is doing now."""
         return status_document(self.cfg, self.life, self.engine, self.window, self.health,
-                               self.leak.verdicts() if self.leak is not None else {})
+                               self.leak.verdicts() if self.leak is not None else {},
+                               self.target_summary() if self.target_summary is not None else None)
