@@ -47,6 +47,18 @@ def device_name(device: torch.device) -> str:
     return cpu_model()
 
 
+def model_identity(model_spec: str) -> str:
+    """What ``model_sha256`` is a hash of: the file for a model that has one; for a builtin, which
+    has none, its spec and options, the soakd version and its (seeded) state_dict."""
+    kind = model_spec.partition(":")[0]
+    if kind == "builtin":
+        return (f"{model_spec} (no file): sha256 of the spec, model.options, soakd {soakd.__version__} "
+                "and the state_dict (weights seeded, the same every run)")
+    if kind == "python":
+        return f"{model_spec}: sha256 of the Python file that defines the factory"
+    return f"{model_spec}: sha256 of the model file"
+
+
 def fingerprint(cfg: Config, *, run_id: str, model_spec: str, model_sha256: str | None, device: torch.device | None,
                 input_desc: str, target: dict[str, Any] | None = None) -> dict[str, Any]:
     """``device`` None and ``target`` given: a served model, known by its URL and API (its weights
