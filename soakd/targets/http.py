@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeVar
 import aiohttp
 
 from soakd.errors import TargetError
-from soakd.load.request import Request
+from soakd.request import Request
 from soakd.targets.base import Done, WarmupResult
 from soakd.telemetry.catalogue import RESPONSE_CLASSES, Metrics
 
