@@ -44,6 +44,11 @@ RUN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--preprocess-workers": ("input.preprocess_workers", {"metavar": "N"}),
     "--postprocess": ("input.postprocess", {"metavar": "auto|none|classify|detect"}),
     "--pad": ("input.pad", {"metavar": "true|false"}),
+    # A served model instead of --model (docs/network-targets.md).
+    "--target": ("target.url", {"metavar": "URL"}),
+    "--api": ("target.api", {"metavar": "http|openai|kserve-v2"}),
+    "--target-model": ("target.model", {"metavar": "NAME"}),
+    "--watch-pid": ("target.watch_pid", {"metavar": "PID", "action": "append"}),
 }
 
 
@@ -198,7 +203,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from soakd.report.command import compare_command  # lazy: only the subcommand's own modules load
 
             return compare_command(ns)
-        cfg = load_config(ns.config, _overrides(ns))
+        overrides = _overrides(ns)
+        if "model.spec" in overrides and "target.url" in overrides:
+            raise ConfigError("--model and --target: choose one (a model in soakd's process, or a served one)")
+        cfg = load_config(ns.config, overrides)
+        if command == "sweep" and cfg.target.url is not None:
+            raise ConfigError("target.url: soakd sweep against a network target is not built yet")
         from soakd.preflight import preflight  # after load_config: the checks need a valid config
 
         preflight(cfg)  # before anything is loaded: a bad address or path costs a second, not a soak

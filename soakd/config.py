@@ -249,6 +249,18 @@ class CompareConfig:
 
 
 @dataclass
+class TargetConfig:
+    """A served model instead of ``[model]`` (soakd/targets/): soakd is then only the client."""
+
+    url: str | None = None  # None: the model in [model] runs in soakd's own process
+    api: str = "http"  # http | openai | kserve-v2 (the last two: not built yet)
+    model: str | None = None  # the served model's name (openai, kserve-v2)
+    timeout: float = _duration(30.0)  # per request, connection wait included; later: outcome timeout
+    max_connections: int | None = None  # None: load.concurrency (closed loop) or 256 (open loop)
+    watch_pid: list[int] = field(default_factory=list)  # server processes whose RSS/USS are sampled
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     load: LoadConfig = field(default_factory=LoadConfig)
@@ -264,6 +276,7 @@ class Config:
     compare: CompareConfig = field(default_factory=CompareConfig)
     phases: PhasesConfig = field(default_factory=PhasesConfig)
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    target: TargetConfig = field(default_factory=TargetConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -658,6 +671,7 @@ def validate(cfg: Config) -> None:
              f"takes milliseconds), got {cfg.memory.interval:g}s")
     _check_memory(cfg)
     _validate_leak(cfg.leak)
+    _validate_target(cfg)
     _require(
         0.0 <= cfg.otel.trace_sample_ratio <= 1.0,
         f"otel.trace_sample_ratio: must be within [0, 1], got {cfg.otel.trace_sample_ratio}",
@@ -704,6 +718,31 @@ def validate(cfg: Config) -> None:
     if cfg.output.log_file is not None:
         parent = Path(cfg.output.log_file).parent
         _require(parent.is_dir(), f"output.log_file: {cfg.output.log_file}: directory {parent} does not exist")
+
+
+TARGET_APIS = ("http", "openai", "kserve-v2")
+
+
+def _validate_target(cfg: Config) -> None:
+    tg = cfg.target
+    for pid in tg.watch_pid:
+        _require(pid >= 1, f"target.watch_pid: expected process ids >= 1, got {pid}")
+    _require(tg.max_connections is None or tg.max_connections >= 1,
+             f"target.max_connections: must be >= 1, got {tg.max_connections}")
+    _require(tg.api in TARGET_APIS, f"target.api: expected {', '.join(TARGET_APIS)}, got {tg.api!r}")
+    if tg.url is None:
+        return
+    from urllib.parse import urlsplit  # local, as the checks above: only a run with a target needs it
+
+    parts = urlsplit(tg.url)
+    _require(parts.scheme in ("http", "https") and bool(parts.hostname),
+             f"target.url: expected http://HOST[:PORT]/PATH, got {tg.url!r}")
+    _require(tg.api == "http", f"target.api: {tg.api} is not built yet (use --api http)")
+    _require(cfg.model.spec == ModelConfig.spec,
+             f"model.spec and target.url: choose one (a model in soakd's process, or a served one), "
+             f"got {cfg.model.spec!r} and {tg.url!r}")
+    _require(cfg.input.samples is not None,
+             "input.samples: --api http POSTs the .json files of --samples DIR; none given")
 
 
 def _validate_leak(lk: LeakConfig) -> None:

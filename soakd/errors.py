@@ -36,5 +36,9 @@ class ModelLoadError(SoakdError, RuntimeError):
     """The model could not be loaded, or rejects the configured input; the message names the spec."""
 
 
+class TargetError(SoakdError, RuntimeError):
+    """A network target cannot be reached or used at start; the message names the URL."""
+
+
 class RunFailed(Exception):
     """The run could not go on (a model worker thread ended): one line, exit 3, no traceback."""

@@ -59,26 +59,32 @@ def model_identity(model_spec: str) -> str:
     return f"{model_spec}: sha256 of the model file"
 
 
-def fingerprint(cfg: Config, *, run_id: str, model_spec: str, model_sha256: str, device: torch.device,
-                input_desc: str) -> dict[str, Any]:
+def fingerprint(cfg: Config, *, run_id: str, model_spec: str, model_sha256: str | None, device: torch.device | None,
+                input_desc: str, target: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``device`` None and ``target`` given: a served model, known by its URL and API (its weights
+    and device are the server's; no sha256 here)."""
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None  # type: ignore[no-untyped-call]
-    return {
+    out: dict[str, Any] = {
         "run_id": run_id,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "model": model_spec,
         "model_sha256": model_sha256,
-        "model_identity": model_identity(model_spec),
+        "model_identity": model_identity(model_spec) if target is None else
+        f"served at {target['url']} ({target['api']}): no sha256, the server holds the weights",
         "input": input_desc,
-        "device": str(device),
-        "device_name": device_name(device),
+        "device": str(device) if device is not None else "remote",
+        "device_name": device_name(device) if device is not None else None,
         "cpu_model": cpu_model(),
         "host": socket.gethostname(),
         "soakd_version": soakd.__version__,
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
         "cudnn_version": cudnn,
-        "driver_version": nvidia_driver_version() if device.type == "cuda" else None,
+        "driver_version": nvidia_driver_version() if device is not None and device.type == "cuda" else None,
         "python_version": platform.python_version(),
         "allocator_env": {k: os.environ[k] for k in ALLOCATOR_ENV if k in os.environ},
         "config": cfg.redacted(),  # credential-like values (model.options.api_token...) never leave
     }
+    if target is not None:
+        out["target"] = target
+    return out

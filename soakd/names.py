@@ -13,4 +13,6 @@ LEAK_SERIES = (
     "torch_cuda_reserved",
     "gpu_process_memory",
     "gpu_memory_used",
+    "target_rss",  # a served model: the first --watch-pid (the server's main process)
+    "target_uss",
 )

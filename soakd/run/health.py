@@ -26,6 +26,8 @@ class Health:
         self.engine: Engine | None = None
         self.stopping = False
         self.starting = "starting: loading and warming up the model"
+        # A network target's "why it is down now" (None while it answers); None for in-process runs.
+        self.target_down: Callable[[], str | None] | None = None
 
     def __call__(self) -> tuple[bool, str]:
         engine = self.engine
@@ -36,6 +38,9 @@ class Health:
         died = engine.target.dead()
         if died is not None:
             return False, f"a model worker ended: {type(died).__name__}: {died}"
+        down = self.target_down() if self.target_down is not None else None
+        if down is not None:
+            return False, down
         idle = self.clock() - engine.last_progress
         if engine.inflight > 0 and idle > self.stall_timeout:
             return False, (f"engine stalled: no request completed for {idle:.0f}s with {engine.inflight} in "

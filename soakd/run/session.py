@@ -1,10 +1,10 @@
 """``soakd run``: the run session. It builds every part once, from its own config section, in
 the only place that knows the order, and owns the run's lifecycle:
 
-metrics and /metrics -> state and run id -> target (model on its worker threads) -> telemetry
-and the leak monitor -> request source -> warm-up -> offline probe -> engine -> phases, state
-writer, watchdog, READY -> status ticks until the duration or a signal -> drain -> summary ->
-report and exit code.
+metrics and /metrics -> state and run id -> target (model on its worker threads, or the client
+of a served model, its URL checked) -> telemetry and the leak monitor -> request source ->
+warm-up -> offline probe (in-process only) -> engine -> phases, state writer, watchdog, READY ->
+status ticks until the duration or a signal -> drain -> summary -> report and exit code.
 """
 
 from __future__ import annotations
@@ -14,7 +14,11 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TextIO
+
+import torch
 
 import soakd
 from soakd.analysis.monitor import LeakMonitor, monitor_for_run
@@ -33,10 +37,14 @@ from soakd.run.summary import build_summary, print_summary, status_line
 from soakd.run.verdict import conclude
 from soakd.run.windows import Delta, StoreWindow, WindowRecorder, window_length
 from soakd.summary import write_json_atomic
+from soakd.targets.base import AnyTarget
+from soakd.targets.http import HttpTarget
 from soakd.targets.local import LocalModelTarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.pipeline import Telemetry, cuda_devices, resource_attributes, run_samplers
 from soakd.telemetry.series import SeriesStore
+from soakd.workload.bodies import BodySource
+from soakd.workload.sources import RequestSource
 
 log = logging.getLogger("soakd")
 
@@ -47,6 +55,18 @@ OVERLOAD_TICKS = 3  # the queue grew this many status ticks in a row: offered lo
 def run(cfg: Config, *, out: TextIO = sys.stdout, stop: StopFlag | None = None) -> int:
     """Run a soak per ``cfg``; returns the process exit code."""
     return RunSession(cfg, out, stop or StopFlag()).run()
+
+
+@dataclass
+class _Prepared:
+    """What the soak needs from the preparation steps, whatever the target."""
+
+    target: AnyTarget
+    source: RequestSource
+    run_fp: dict[str, Any]
+    cold: dict[str, Any]
+    offline: dict[str, Any] | None
+    target_summary: Callable[[], dict[str, Any]] | None = None
 
 
 class RunSession:
@@ -62,6 +82,7 @@ class RunSession:
         self.leak: LeakMonitor | None = None
         self.window: Delta | None = None
         self.offline_rps: float | None = None
+        self.target_summary: Callable[[], dict[str, Any]] | None = None  # a network target's /status block
         self._overhead_warned = False
         self._overload_ticks = 0
         self._overloaded = False
@@ -93,38 +114,65 @@ class RunSession:
             self.health.stopping = True
 
     def _run_loaded(self, life: Lifecycle) -> int:
+        if self.cfg.target.url is not None:
+            return self._run_network(life)
         cfg = self.cfg
         model, target = steps.load_target(cfg, self.metrics)
         try:
             if self.stop.event.is_set():
                 return self._stopped_early(life, "loading")
-            series = SeriesStore(capacity=cfg.memory.ring_size)
-            life.watch_series(series)  # a durable copy of every sample in the state store
-            telemetry = Telemetry(cfg, self.metrics, run_samplers(cfg, self.metrics, series, model.device),
-                                  resource_attributes=resource_attributes(
-                                      model.device, {"soakd.run_id": life.run_id, "soakd.model": cfg.model.spec}))
             cuda_index = cuda_devices(model.device)[0] if model.device.type == "cuda" else None
-            # Leak verdicts judged from `series` on the telemetry scheduler; each flip is one event.
-            self.leak = monitor_for_run(cfg, self.metrics, series, cuda_index,
-                                        on_event=lambda kind, detail: life.event(kind, json.dumps(detail, default=str)))
-            self.leak.open()
-            telemetry.scheduler.add_task("leak", self.leak.evaluate, cfg.leak.evaluate_interval)
-            telemetry.start()
-            try:
-                return self._soak(life, model, target, series, telemetry)
-            finally:
-                telemetry.stop()
-                self.leak.close()
+            return self._with_telemetry(life, model.device, cuda_index, cfg.model.spec,
+                                        lambda series, telemetry: self._soak_loaded(life, model, target, series,
+                                                                                    telemetry))
         finally:
             target.close()
+
+    def _run_network(self, life: Lifecycle) -> int:
+        """A served model: open the client and check the URL instead of loading a model."""
+        cfg = self.cfg
+        self.health.starting = "starting: connecting to and warming up the target"
+        source = steps.body_source(cfg)  # no bodies: exit 2 before anything connects
+        target, connect_s = steps.open_network_target(cfg, self.metrics)
+        self.health.target_down = target.down_reason
+        self.target_summary = target.summary
+        try:
+            if self.stop.event.is_set():
+                return self._stopped_early(life, "connecting")
+            return self._with_telemetry(life, torch.device("cpu"), None, target.spec,
+                                        lambda series, telemetry: self._soak_network(life, target, source,
+                                                                                     connect_s, series, telemetry))
+        finally:
+            target.close()
+
+    def _with_telemetry(self, life: Lifecycle, device: torch.device, cuda_index: int | None, label: str,
+                        soak: Callable[[SeriesStore, Telemetry], int]) -> int:
+        """Samplers, the series ring and the leak monitor around ``soak``."""
+        cfg = self.cfg
+        series = SeriesStore(capacity=cfg.memory.ring_size)
+        life.watch_series(series)  # a durable copy of every sample in the state store
+        telemetry = Telemetry(cfg, self.metrics, run_samplers(cfg, self.metrics, series, device),
+                              resource_attributes=resource_attributes(
+                                  device, {"soakd.run_id": life.run_id, "soakd.model": label}))
+        # Leak verdicts judged from `series` on the telemetry scheduler; each flip is one event.
+        self.leak = monitor_for_run(cfg, self.metrics, series, cuda_index,
+                                    on_event=lambda kind, detail: life.event(kind, json.dumps(detail, default=str)))
+        self.leak.open()
+        telemetry.scheduler.add_task("leak", self.leak.evaluate, cfg.leak.evaluate_interval)
+        telemetry.start()
+        try:
+            return soak(series, telemetry)
+        finally:
+            telemetry.stop()
+            self.leak.close()
 
     def _stopped_early(self, life: Lifecycle, during: str) -> int:
         log.info("received %s during %s: stopping before the soak began", self.stop.name, during)
         life.end_segment(f"{self.stop.name} during {during}", finished=False)
         return Exit.OK
 
-    def _soak(self, life: Lifecycle, model: LoadedModel, target: LocalModelTarget, series: SeriesStore,
-              telemetry: Telemetry) -> int:
+    def _soak_loaded(self, life: Lifecycle, model: LoadedModel, target: LocalModelTarget, series: SeriesStore,
+                     telemetry: Telemetry) -> int:
         cfg, m = self.cfg, self.metrics
         source = steps.request_source(cfg, model)
         life.set_phase("warmup")
@@ -137,7 +185,25 @@ class RunSession:
         self.offline_rps = offline["rps"] if offline and offline["rps"] > 0 else None
         run_fp = steps.run_fingerprint(cfg, life.run_id, model)
         steps.export_run_info(m, life.run_id, cfg, model, run_fp)
+        return self._soak(life, _Prepared(target, source, run_fp, steps.cold_start(model, warm, cfg.model.warmup),
+                                          offline), series, telemetry)
 
+    def _soak_network(self, life: Lifecycle, target: HttpTarget, source: BodySource, connect_s: float,
+                      series: SeriesStore, telemetry: Telemetry) -> int:
+        cfg, m = self.cfg, self.metrics
+        life.set_phase("warmup")
+        warm = steps.warm_up_target(cfg, target, source, self.stop.event, m)
+        if warm.stopped or self.stop.event.is_set():
+            return self._stopped_early(life, "warm-up")
+        run_fp = steps.target_fingerprint(cfg, life.run_id)
+        steps.export_target_run_info(m, life.run_id, cfg, run_fp)
+        cold = steps.target_cold_start(connect_s, warm, cfg.model.warmup)
+        return self._soak(life, _Prepared(target, source, run_fp, cold, None, target.summary), series, telemetry)
+
+    def _soak(self, life: Lifecycle, prep: _Prepared, series: SeriesStore, telemetry: Telemetry) -> int:
+        """The measured part, the same for every target: engine, phases, ticks, drain, summary."""
+        cfg, m = self.cfg, self.metrics
+        target, source, run_fp, offline = prep.target, prep.source, prep.run_fp, prep.offline
         engine = self.engine = Engine(target, source, cfg, m)
         engine.batch_hook = telemetry.batch_hook
         life.begin_segment(run_fp)  # a new segment of the run
@@ -176,9 +242,11 @@ class RunSession:
             offline["achieved_ratio"] = round(stats.completed.get("ok", 0) / stats.elapsed / offline["rps"], 4) \
                 if offline["rps"] > 0 else None
         verdicts = self.leak.verdicts() if self.leak is not None else {}
-        summary = build_summary(cfg, engine, stats, run=run_fp, cold=steps.cold_start(model, warm, cfg.model.warmup),
+        summary = build_summary(cfg, engine, stats, run=run_fp, cold=prep.cold,
                                 windows=windows.rows, series=series, verdicts=verdicts, metrics=m,
                                 elapsed_before=life.elapsed_before, offline=offline)
+        if prep.target_summary is not None:  # a served model: where it was, and how long it was down
+            summary["target"] = prep.target_summary()
         if cfg.output.summary_json:
             write_json_atomic(cfg.output.summary_json, summary)
             log.info("summary written to %s", cfg.output.summary_json)
@@ -254,4 +322,5 @@ class RunSession:
     def status(self) -> dict[str, Any]:
         """/status: what the run is doing now."""
         return status_document(self.cfg, self.life, self.engine, self.window, self.health,
-                               self.leak.verdicts() if self.leak is not None else {})
+                               self.leak.verdicts() if self.leak is not None else {},
+                               self.target_summary() if self.target_summary is not None else None)

@@ -22,7 +22,9 @@ def _ms(v: float) -> float | None:
 
 
 def status_document(cfg: Config, life: Lifecycle | None, engine: Engine | None, win: Delta | None,
-                    health: Health, verdicts: dict[str, Verdict]) -> dict[str, Any]:
+                    health: Health, verdicts: dict[str, Verdict],
+                    target: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``target``: a network target's summary block (up, down time, answers by class)."""
     ok, reason = health()
     out: dict[str, Any] = {
         "run_id": life.run_id if life else None,
@@ -46,6 +48,8 @@ def status_document(cfg: Config, life: Lifecycle | None, engine: Engine | None, 
         out["requests"] = stats.completed
         out["inflight"] = stats.inflight
         out["target_load"] = {"rate" if engine.open_loop else "concurrency": engine.target_load}
+    if target is not None:
+        out["target"] = target
     leak = live_verdicts(verdicts)
     out["leak"] = leak
     out["leak_suspected"] = sorted(s for s, v in leak.items() if v.get("suspected"))

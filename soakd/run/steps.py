@@ -1,5 +1,6 @@
 """The steps a soak and a sweep share, each built from its own config section: load the target,
-pick the request source, warm up, time the model alone, fingerprint the run."""
+pick the request source, warm up, time the model alone, fingerprint the run; and for a served
+model, open the client and check its URL instead of loading anything."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from soakd.config import Config
 from soakd.fingerprint import fingerprint
 from soakd.models.loader import LoadedModel, load_model
 from soakd.targets.base import WarmupResult
+from soakd.targets.http import HttpTarget
 from soakd.targets.local import LocalModelTarget
 from soakd.telemetry.catalogue import Metrics
+from soakd.workload.bodies import BodySource
 from soakd.workload.sources import RequestSource, build_source
 
 log = logging.getLogger("soakd")
@@ -107,4 +110,64 @@ def load_mode(cfg: Config) -> str:
 def export_run_info(metrics: Metrics, run_id: str, cfg: Config, model: LoadedModel, fp: dict[str, Any]) -> None:
     metrics.run_info.labels(run_id, cfg.model.spec, model.sha256[:16], str(model.device), fp["device_name"],
                             torch.__version__, str(torch.version.cuda), load_mode(cfg)).set(1)
+    metrics.run_start_time.set(time.time())
+
+
+# ---------------------------------------------------------------------- network targets
+
+OPEN_LOOP_CONNECTIONS = 256  # open loop's default pool: past it, requests wait (the queue stage)
+
+
+def open_network_target(cfg: Config, metrics: Metrics) -> tuple[HttpTarget, float]:
+    """The client of a served model, its URL checked (TargetError naming it when nothing answers)."""
+    tg = cfg.target
+    assert tg.url is not None
+    limit = tg.max_connections or (OPEN_LOOP_CONNECTIONS if cfg.load.open_loop else cfg.load.concurrency or 1)
+    target = HttpTarget(tg.url, metrics, max_connections=limit, timeout=tg.timeout)
+    seconds = target.open()
+    log.info("target %s (api %s): reachable in %.3fs; up to %d connections, %.0fs timeout per request",
+             tg.url, tg.api, seconds, limit, tg.timeout)
+    return target, seconds
+
+
+def body_source(cfg: Config) -> BodySource:
+    """The request bodies ``--samples`` holds; ConfigError naming the dir when it holds none."""
+    assert cfg.input.samples is not None  # config validation requires it for --api http
+    source = BodySource(cfg.input.samples)
+    log.info("%d request bodies (%.1f KiB) from %s", len(source.bodies), source.total_bytes / 1024,
+             cfg.input.samples)
+    return source
+
+
+def warm_up_target(cfg: Config, target: HttpTarget, source: BodySource, stop: threading.Event,
+                   metrics: Metrics | None = None) -> WarmupResult:
+    """``model.warmup`` requests one by one, kept out of the histograms and counters."""
+    res = target.warm_up(source.bodies, cfg.model.warmup, stop)
+    if metrics is not None:
+        metrics.first_inference.set(res.first_seconds)
+        metrics.warmup.set(res.total_seconds)
+    log.info("warmup: %d requests in %.2fs (first %.3fs)%s", res.calls, res.total_seconds, res.first_seconds,
+             f", {res.failures} failed" if res.failures else "")
+    return res
+
+
+def target_cold_start(connect_seconds: float, warm: WarmupResult, runs: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"target_connect_seconds": round(connect_seconds, 4),
+                           "first_inference_seconds": round(warm.first_seconds, 4),
+                           "warmup_seconds": round(warm.total_seconds, 4), "warmup_runs": runs}
+    if warm.failures:
+        out["warmup_failures"] = warm.failures
+    return out
+
+
+def target_fingerprint(cfg: Config, run_id: str) -> dict[str, Any]:
+    tg = cfg.target
+    return fingerprint(cfg, run_id=run_id, model_spec=f"{tg.api}:{tg.url}", model_sha256=None, device=None,
+                       input_desc=f"samples {cfg.input.samples}",
+                       target={"url": tg.url, "api": tg.api, "model": tg.model})
+
+
+def export_target_run_info(metrics: Metrics, run_id: str, cfg: Config, fp: dict[str, Any]) -> None:
+    metrics.run_info.labels(run_id, fp["model"], "", "remote", "", torch.__version__, str(torch.version.cuda),
+                            load_mode(cfg)).set(1)
     metrics.run_start_time.set(time.time())

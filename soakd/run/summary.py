@@ -119,4 +119,9 @@ def print_summary(summary: dict[str, Any], out: TextIO) -> None:
         lag = summary["schedule_lag_ms"]
         print(f"  schedule lag p50 {lag['p50']} ms, p99 {lag['p99']} ms, max {lag['max']} ms", file=out)
     b = summary["batch_size"]
-    print(f"  batch size mean {b['mean']:.2f}, max {b['max']:.0f} over {b['batches']} batches", file=out)
+    if b["batches"]:  # a served model batches on the server: soakd formed none
+        print(f"  batch size mean {b['mean']:.2f}, max {b['max']:.0f} over {b['batches']} batches", file=out)
+    tg = summary.get("target")
+    if tg:
+        print(f"  target {tg['url']}: down {tg['down_seconds']:.1f}s in {tg['outages']} outage(s); responses "
+              + ", ".join(f"{k}={v}" for k, v in tg["responses"].items() if v), file=out)

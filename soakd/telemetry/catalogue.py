@@ -20,6 +20,7 @@ from soakd.telemetry.histogram import LogHistogram
 __all__ = ["LEAK_SERIES", "OUTCOMES", "PREFIX", "STAGES", "Metrics"]  # the names live in soakd.names
 
 PREFIX = "soakd_"
+RESPONSE_CLASSES = ("2xx", "3xx", "4xx", "5xx", "none")  # none: no HTTP answer (refused, reset, timeout)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024)
 GC_PAUSE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
@@ -214,6 +215,25 @@ class Metrics:
         r.register(self.gc_collections)
         self.gc_pause = Histogram(
             p + "python_gc_pause_seconds", "Python GC pause", ["generation"], buckets=GC_PAUSE_BUCKETS, registry=r
+        )
+
+        # ---- network targets
+        # Labelled by the target URL, so an in-process run exports none of them (no false "down").
+        self.target_up = Gauge(
+            p + "target_up", "1 while the network target answers HTTP; 0 after a refused or reset connection",
+            ["target"], registry=r,
+        )
+        self.target_responses = Counter(
+            p + "target_responses", "Network target answers by HTTP status class (none: no HTTP answer)",
+            ["target", "class"], registry=r,
+        )
+        self.target_process_rss = Gauge(
+            p + "target_process_resident_memory_bytes", "Resident set size of a watched server process", ["pid"],
+            registry=r,
+        )
+        self.target_process_uss = Gauge(
+            p + "target_process_unique_memory_bytes", "Unique set size of a watched server process", ["pid"],
+            registry=r,
         )
 
         # ---- collectors

@@ -67,7 +67,8 @@ class ProcFS:
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         self.has_rollup = (self.pid_dir / "smaps_rollup").is_file()
         self.has_stat = (self.pid_dir / "stat").is_file()
-        self._process = psutil.Process() if not self.has_stat else None
+        self._psutil_pid = None if pid == "self" else int(pid)  # psutil.Process(None) is this process
+        self._process = psutil.Process(self._psutil_pid) if not self.has_stat else None
 
     def read(self) -> ProcessReading:
         if self._process is not None:  # not Linux: psutil covers all but USS
@@ -93,7 +94,7 @@ class ProcFS:
         if self.has_rollup:
             return uss_from_rollup(parse_smaps_rollup((self.pid_dir / "smaps_rollup").read_text()))
         if self.root == Path("/proc"):
-            return int(psutil.Process().memory_full_info().uss)
+            return int(psutil.Process(self._psutil_pid).memory_full_info().uss)
         return None
 
     def _available(self) -> int:

@@ -18,6 +18,7 @@ from soakd.telemetry.nvml import NvmlSampler
 from soakd.telemetry.scheduler import Sampler, SamplerScheduler
 from soakd.telemetry.series import SeriesStore
 from soakd.telemetry.torch_cuda import TorchCudaSampler, TorchCudaSnapshotSampler
+from soakd.telemetry.watched import TargetProcessSampler
 
 log = logging.getLogger("soakd.telemetry")
 
@@ -56,6 +57,9 @@ def run_samplers(cfg: Config, metrics: Metrics, series: SeriesStore,
     ]
     if mem.tracemalloc:
         samplers.append(TracemallocSampler(metrics))
+    # --watch-pid: the first is the server's main process, the one the leak series follow.
+    samplers += [TargetProcessSampler(metrics, series, pid, leak_series=i == 0)
+                 for i, pid in enumerate(dict.fromkeys(cfg.target.watch_pid))]
     out = [(s, mem.interval) for s in samplers]
     if mem.snapshot_interval is not None:
         out.append((TorchCudaSnapshotSampler(metrics, devices), mem.snapshot_interval))
