@@ -30,7 +30,8 @@ import psutil
 
 log = logging.getLogger("soakd.leak")
 
-HOST_SERIES = frozenset({"host_rss", "host_uss", "malloc_in_use"})
+HOST_SERIES = frozenset({"host_rss", "host_uss", "malloc_in_use"})  # soakd's own host memory
+TARGET_HOST_SERIES = frozenset({"target_rss", "target_uss"})  # a watched server's: same limit, no probes here
 CUDA_SERIES = frozenset(
     {"torch_cuda_allocated", "torch_cuda_reserved", "gpu_process_memory", "gpu_memory_used"}
 )

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from soakd.analysis.detector import DetectorParams, Judgement, Persistence, floor_for, judge
-from soakd.analysis.evidence import CUDA_SERIES, HOST_SERIES, CudaHistory, Evidence
+from soakd.analysis.evidence import CUDA_SERIES, HOST_SERIES, TARGET_HOST_SERIES, CudaHistory, Evidence
 from soakd.store import default_state_dir
 from soakd.telemetry.catalogue import LEAK_SERIES
 from soakd.telemetry.series import SeriesStore
@@ -51,7 +51,7 @@ def default_limits(cuda_device: int | None = None,
             return float(torch.cuda.mem_get_info(cuda_device)[0])
 
     def limits(series: str) -> float | None:
-        if series in HOST_SERIES:
+        if series in HOST_SERIES or series in TARGET_HOST_SERIES:  # both run out of this host's memory
             return host_available()
         if series in CUDA_SERIES and cuda_free is not None:
             return cuda_free()

@@ -28,7 +28,8 @@ from soakd.telemetry.histogram import HistSnapshot
 SUMMARY_NAME = "summary.json"  # <state-dir>/<run-id>/summary.json: the last segment's summary
 REPORT_NAME = "report.html"
 # Summary keys the state database does not hold; taken from the saved summary when there is one.
-FROM_SUMMARY = ("batch_size", "input_shapes_seen", "cold_start", "schedule_lag_ms", "offered_rps")
+FROM_SUMMARY = ("batch_size", "input_shapes_seen", "cold_start", "schedule_lag_ms", "offered_rps", "target",
+                "model_offline")
 
 Array = npt.NDArray[np.float64]
 
