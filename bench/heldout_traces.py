@@ -58,7 +58,8 @@ def gc_sawtooth(rng: np.random.Generator, t: Array, amp: float, period: float) -
     e = np.asarray(edges)
     i = np.searchsorted(e, t, side="right") - 1
     frac = (t - e[i]) / (e[i + 1] - e[i])
-    return amp * (1 - np.exp(-3 * frac)) / (1 - np.exp(-3))
+    out: Array = amp * (1 - np.exp(-3 * frac)) / (1 - np.exp(-3))
+    return out
 
 
 def saturating(rng: np.random.Generator, t: Array) -> Array:

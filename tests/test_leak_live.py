@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import metric_value, wait_for
+from tests.conftest import metric_value, wait_for
 
 # Seconds instead of hours, from the command line alone: memory sampled every second, a 10 s
 # warm-up floor and a 45 s window, which scale every other leak time scale down with them
