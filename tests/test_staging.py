@@ -69,6 +69,22 @@ def test_least_recently_used_is_evicted() -> None:
         assert staging.stack(hot).data_ptr() == ptr
 
 
+def test_buffers_fill_inside_and_outside_inference_mode() -> None:
+    """A buffer first made during warm-up (inside inference_mode) still fills outside it, and back."""
+    staging = StagingBuffers()
+    items = [randn(6, seed=i) for i in range(3)]
+    with torch.inference_mode():
+        ptr = staging.stack(items).data_ptr()
+        staging.collate([randn(4, seed=0), randn(2, seed=1)])
+    x = staging.stack(items)
+    assert x.data_ptr() == ptr
+    torch.testing.assert_close(x, torch.stack(items), rtol=0, atol=0)
+    torch.testing.assert_close(staging.collate([randn(4, seed=0), randn(2, seed=1)]),
+                               pad_collate(requests([randn(4, seed=0), randn(2, seed=1)])), rtol=0, atol=0)
+    with torch.inference_mode():
+        assert staging.stack(items).data_ptr() == ptr
+
+
 def test_batch_of_one_on_cpu_is_the_requests_own_tensor() -> None:
     """Nothing to assemble: as before, a single request is a view of its tensor, not a copy."""
     staging = StagingBuffers()

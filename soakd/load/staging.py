@@ -92,7 +92,10 @@ class StagingBuffers:
                 event.synchronize()  # the previous copy out of this pinned buffer has finished
             return buf
         batch, shape, dtype = key
-        buf = torch.empty((batch, *shape), dtype=dtype, pin_memory=self._pin)
+        # A normal tensor, never an inference tensor, even when first made inside inference_mode
+        # (warm-up): refilling an inference tensor outside inference_mode is an error.
+        with torch.inference_mode(False):
+            buf = torch.empty((batch, *shape), dtype=dtype, pin_memory=self._pin)
         self._buffers[key] = buf
         if len(self._buffers) > self.capacity:
             old, _ = self._buffers.popitem(last=False)
