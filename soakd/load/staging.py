@@ -54,6 +54,8 @@ class StagingBuffers:
         first = tensors[0]
         if len(tensors) == 1 and not self._cuda:
             return first.unsqueeze(0)
+        if first.device.type != "cpu":  # already on the device: its caching allocator recycles blocks
+            return torch.stack(list(tensors)).to(self.device)
         key = (len(tensors), tuple(first.shape), first.dtype)
         buf = self._buffer(key)
         torch.stack(list(tensors), out=buf)
