@@ -9,8 +9,8 @@ and ``convnet`` (soakd's builtin), at batch 8 on 3x224x224.
   same-main      warm up and run on the main thread, the same input tensor every call
   cross-thread   warm up on the main thread, then run on a second thread (what soakd does today)
   same-thread    warm up and run, both on one second thread
-  CASE@VAR=VAL   CASE with VAR=VAL in its environment; same-main@GOMP_SPINCOUNT=1000 gives the main
-                 thread's OpenMP team the short spin that libgomp switches to by itself once a
+  CASE@VAR=VAL   CASE with VAR=VAL in its environment; same-main@GOMP_SPINCOUNT=100 gives the main
+                 thread's OpenMP team the short spin (100) that libgomp switches to by itself once a
                  process holds more OpenMP threads than cores (two teams on 2 cores do)
   fresh-clone    same-main, but ``x.clone()`` before every call (a fresh batch allocation)
   fresh-stack    same-main, but ``torch.stack`` of 8 pooled requests every call (soakd's collate)
@@ -46,7 +46,7 @@ from bench.models import save_torchscript
 WARMUP = 20
 BATCH = 8
 SHAPE = (3, 224, 224)
-CASES = ("same-main", "cross-thread", "same-thread", "same-main@GOMP_SPINCOUNT=1000", "fresh-clone", "fresh-stack",
+CASES = ("same-main", "cross-thread", "same-thread", "same-main@GOMP_SPINCOUNT=100", "fresh-clone", "fresh-stack",
          "staged-stack")
 
 
