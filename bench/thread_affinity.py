@@ -47,7 +47,10 @@ WARMUP = 20
 BATCH = 8
 SHAPE = (3, 224, 224)
 CASES = ("same-main", "cross-thread", "same-thread", "same-main@GOMP_SPINCOUNT=100", "fresh-clone", "fresh-stack",
-         "staged-stack")
+         "staged-stack",
+         # Allocation cost alone, without any OpenMP team (so no spin policy) in the way:
+         "same-main@OMP_NUM_THREADS=1", "fresh-clone@OMP_NUM_THREADS=1", "fresh-stack@OMP_NUM_THREADS=1",
+         "staged-stack@OMP_NUM_THREADS=1")
 
 
 def load(model: str, encoder_path: str | None) -> Callable[[torch.Tensor], Any]:
@@ -65,6 +68,12 @@ def load(model: str, encoder_path: str | None) -> Callable[[torch.Tensor], Any]:
 
 
 Rate = tuple[float, float]  # (req/s, process CPU ms per request)
+_PEAK_THREADS: list[int] = []  # OS threads in the process at the end of each timed window
+
+
+def _os_threads() -> int:
+    """Threads in this process: each thread that ran a parallel op holds its own OpenMP team."""
+    return len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else -1
 
 
 def _timed(fn: Callable[[torch.Tensor], Any], make_input: Callable[[], torch.Tensor], seconds: float) -> Rate:
@@ -76,6 +85,7 @@ def _timed(fn: Callable[[torch.Tensor], Any], make_input: Callable[[], torch.Ten
             fn(make_input())
             n += BATCH
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        _PEAK_THREADS.append(_os_threads())
         return n / wall, 1e3 * cpu / n
 
 
@@ -96,8 +106,7 @@ def _on_thread(target: Callable[[], Rate]) -> Rate:
 def run_case(case: str, model: str, encoder_path: str | None, seconds: float) -> dict[str, Any]:
     fn = load(model, encoder_path)
     rps, cpu_ms = _case(case, fn, seconds)
-    # OS threads left in the process: each thread that ran a parallel op keeps its own OpenMP team.
-    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else -1
+    threads = max(_PEAK_THREADS, default=-1)
     return {"case": case, "model": model, "rps": rps, "cpu_ms_per_req": cpu_ms, "threads": threads}
 
 
@@ -155,6 +164,7 @@ def _instances(fn: Callable[[torch.Tensor], Any], x: torch.Tensor, k: int, budge
     t0, c0, before = time.perf_counter(), time.process_time(), sum(counts)
     time.sleep(seconds)
     done, elapsed, cpu = sum(counts) - before, time.perf_counter() - t0, time.process_time() - c0
+    _PEAK_THREADS.append(_os_threads())
     stop.set()
     for t in threads:
         t.join()
@@ -246,13 +256,16 @@ def main() -> int:
                     rps[case].append(r["rps"])
                     cpu[case].append(r["cpu_ms_per_req"])
                     nthreads[case] = r["threads"]
-            base, base_best = statistics.median(rps["same-main"]), max(rps["same-main"])
-            base_cpu = statistics.median(cpu["same-main"])
             print(f"\n{model}, batch {BATCH} x {'x'.join(map(str, SHAPE))}, {args.seconds:g} s per case, "
-                  f"{args.rounds} rounds interleaved, each case its own process")
+                  f"{args.rounds} rounds interleaved, each case its own process; ratios to same-main "
+                  "(under the same environment)")
             print(f"  {'case':<30} {'median':>8} {'ratio':>6} {'best':>8} {'ratio':>6} {'cpu ms/req':>11} {'ratio':>6}"
                   f" {'threads':>7}   rounds (req/s)")
             for case in cases:
+                env_part = case.partition("@")[2]
+                ref = f"same-main@{env_part}" if env_part and f"same-main@{env_part}" in rps else "same-main"
+                base, base_best = statistics.median(rps[ref]), max(rps[ref])
+                base_cpu = statistics.median(cpu[ref])
                 med, best, c = statistics.median(rps[case]), max(rps[case]), statistics.median(cpu[case])
                 rounds = ", ".join(f"{v:.0f}" for v in rps[case])
                 print(f"  {case:<30} {med:8.0f} {med / base:6.2f} {best:8.0f} {best / base_best:6.2f}"
