@@ -1,0 +1,325 @@
+"""Throughput at the model's own limit (issue #13): soakd against each model's offline loop, every
+measurement in its own process, rounds alternating offline / soakd, medians of the rounds.
+
+Model kinds: the builtin convnet, an eager ``python:`` factory, a TorchScript file and a
+``torch.export`` program (the last three: bench/models.py's transformer encoder, built into a
+temp dir). Load configurations:
+
+  batch 1   soakd --concurrency 2 --max-batch-size 1, ``[batcher] instances = 2``
+  batch 8   soakd --concurrency 16 --max-batch-size 8 --max-queue-delay-ms 5
+
+The offline loop is the model alone: one thread, the same input tensor every call, warmed up on
+that thread. soakd's figure is ``throughput_rps`` from ``python -m soakd run --summary-json``.
+The seed article's harness (bench/seed_harness.py, 2 threads on one pre-made tensor) is the
+baseline row. Then the driver's own limits on ``builtin:noop``: the closed-loop ceiling at batch
+1024, and open-loop Poisson arrivals at each ``--rates`` value (achieved / offered, schedule lag
+p99), with the highest rate that holds within 1% at lag p99 < 1 ms. CUDA when present.
+
+This replaces sections 1-3 of bench/core_throughput.py, which measured soakd and the offline
+loop in one process (where a model warmed on one thread and run on another, and thread pools
+left over from the other side, could not be told apart from soakd's own cost).
+
+    PYTHONPATH=. .venv/bin/python bench/limit.py --quick       # minutes on an idle 2-core box
+    PYTHONPATH=. .venv/bin/python bench/limit.py [--seconds 5] [--rounds 3] [--models convnet,torchscript]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+KINDS = ("convnet", "python", "torchscript", "export")
+SEED_THREADS = 2
+
+
+@dataclass(frozen=True)
+class Load:
+    name: str
+    batch: int
+    concurrency: int
+    instances: int
+    delay_ms: float
+
+
+LOADS = (Load("batch 1", 1, 2, 2, 1.0), Load("batch 8", 8, 16, 1, 5.0))
+
+
+EXTRA_ENV: dict[str, str] = {}  # --threads: OMP_NUM_THREADS for every child, both sides alike
+
+
+def env() -> dict[str, str]:
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{path}" if path else str(REPO), **EXTRA_ENV}
+
+
+# ---------------------------------------------------------------------------------- children
+
+
+def child_build(out_dir: str, device: str, shape: tuple[int, ...]) -> dict[str, Any]:
+    """Build the model files (in a child, so the parent never starts torch's thread pools)."""
+    import torch
+
+    from bench.models import save_export, save_torchscript
+
+    dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    d = Path(out_dir)
+    specs = {
+        "convnet": "builtin:convnet",
+        "python": "python:bench.models:make_encoder",
+        "torchscript": f"torchscript:{save_torchscript(d / 'enc.pt')}",
+        "export": f"export:{save_export(d / 'enc.pt2', dev, shape)}",
+    }
+    return {"device": dev, "specs": specs, "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "cuda_name": torch.cuda.get_device_name() if dev.startswith("cuda") else None}
+
+
+def child_offline(spec: str, device: str, shape: tuple[int, ...], batch: int, warmup: int,
+                  seconds: float) -> dict[str, Any]:
+    """The model alone: warmed up and run on this thread, one input reused, synchronised per call."""
+    import torch
+
+    from soakd.models.loader import load_model
+
+    model = load_model(spec, device)
+    cuda = model.device.type == "cuda"
+    x = torch.randn(batch, *shape, device=model.device)
+    with torch.inference_mode():
+        for _ in range(warmup):
+            model.fn(x)
+        if cuda:
+            torch.cuda.synchronize(model.device)
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            model.fn(x)
+            if cuda:
+                torch.cuda.synchronize(model.device)
+            n += batch
+        return {"rps": n / (time.perf_counter() - t0)}
+
+
+def child_seed(spec: str, device: str, shape: tuple[int, ...], batch: int, warmup: int, seconds: float,
+               rate_hint: float) -> dict[str, Any]:
+    """The seed article's harness on the same model: SEED_THREADS threads, one pre-made tensor."""
+    from bench.seed_harness import LocalInferenceBenchmarker
+    from soakd.models.loader import load_model
+
+    model = load_model(spec, device)
+    bench = LocalInferenceBenchmarker(model.fn, (batch, *shape), warmup_runs=warmup, device=str(model.device))
+    per_thread = max(10, int(rate_hint * seconds / batch / SEED_THREADS))
+    res = bench.run_stress_test([SEED_THREADS], requests_per_thread=per_thread)[SEED_THREADS]
+    return {"rps": res["qps"] * batch}  # the seed counts calls; each call is `batch` requests
+
+
+def run_child(*args: str, timeout: float = 600) -> dict[str, Any]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", *args]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env(), timeout=timeout)
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------------------- soakd runs
+
+
+def soakd_run(work: Path, flags: list[str], config: str = "", timeout: float = 600) -> dict[str, Any]:
+    """``python -m soakd run ... --summary-json``; its summary. Once the summary is written the
+    figures are final, so the process is stopped there rather than left drawing its HTML report
+    (seconds per run on a busy 2-core box)."""
+    run = tempfile.mkdtemp(dir=work)
+    summary = Path(run) / "summary.json"
+    cmd = [sys.executable, "-m", "soakd", "run", "--metrics-addr", "127.0.0.1:0", "--state-dir",
+           str(Path(run) / "state"), "--summary-json", str(summary), *flags]
+    if config:
+        (Path(run) / "soak.toml").write_text(config)
+        cmd += ["--config", str(Path(run) / "soak.toml")]
+    log = (Path(run) / "soakd.log").open("w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env(), cwd=run)
+    deadline = time.monotonic() + timeout
+    try:
+        while not summary.exists():  # written atomically: present means complete
+            if proc.poll() is not None:
+                if summary.exists():
+                    break
+                raise RuntimeError(f"soakd exited {proc.returncode}: {(Path(run) / 'soakd.log').read_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"soakd did not finish within {timeout:.0f} s")
+            time.sleep(0.05)
+        return json.loads(summary.read_text())  # type: ignore[no-any-return]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        log.close()
+
+
+def soakd_model(work: Path, spec: str, device: str, shape: str, load: Load, warmup: int, seconds: float) -> float:
+    config = textwrap.dedent(f"""
+        [batcher]
+        instances = {load.instances}
+    """)
+    s = soakd_run(work, ["--model", spec, "--device", device, "--input-shapes", shape, "--warmup", str(warmup),
+                         "--concurrency", str(load.concurrency), "--max-batch-size", str(load.batch),
+                         "--max-queue-delay-ms", str(load.delay_ms), "--duration", f"{seconds}s"], config)
+    return float(s["throughput_rps"])
+
+
+# ---------------------------------------------------------------------------------- main
+
+
+def fmt_rounds(values: list[float]) -> str:
+    return ", ".join(f"{v:.0f}" for v in values)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="short rows (about 3-4 minutes in all)")
+    ap.add_argument("--seconds", type=float, default=None, help="timed seconds per model row and round (5; quick 1)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating offline / soakd rounds (>= 3)")
+    ap.add_argument("--models", default=",".join(KINDS), help=f"subset of {','.join(KINDS)}")
+    ap.add_argument("--seed-models", default="convnet", help="models that get the seed-harness row ('' for none)")
+    ap.add_argument("--shape", default="3x224x224")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--warmup", type=int, default=None, help="warm-up calls, both sides (20; quick 5)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="OMP_NUM_THREADS for every process (default: torch's own); 1 takes OpenMP out of the "
+                         "comparison, e.g. on a machine shared with other load")
+    ap.add_argument("--noop-seconds", type=float, default=None, help="seconds per builtin:noop run (5; quick 2)")
+    ap.add_argument("--rates", default="20000,50000,100000", help="open-loop Poisson rates, req/s ('' to skip)")
+    ap.add_argument("--no-ceiling", action="store_true", help="skip the builtin:noop closed-loop ceiling")
+    ap.add_argument("--json", help="also write every round's figures here")
+    ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.child:
+        kind, *rest = args.child
+        if kind == "build":
+            out = child_build(rest[0], rest[1], tuple(int(d) for d in rest[2].split("x")))
+        elif kind == "offline":
+            spec, device, shape, batch, warmup, seconds = rest
+            out = child_offline(spec, device, tuple(int(d) for d in shape.split("x")), int(batch), int(warmup),
+                                float(seconds))
+        else:
+            spec, device, shape, batch, warmup, seconds, hint = rest
+            out = child_seed(spec, device, tuple(int(d) for d in shape.split("x")), int(batch), int(warmup),
+                             float(seconds), float(hint))
+        print(json.dumps(out))
+        return 0
+
+    if args.rounds < 3:
+        ap.error("--rounds: at least 3 (the figures are medians)")
+    seconds = args.seconds or (1.5 if args.quick else 5.0)
+    if args.warmup is None:
+        args.warmup = 5 if args.quick else 20
+    if args.threads is not None:
+        EXTRA_ENV["OMP_NUM_THREADS"] = str(args.threads)
+    noop_s = args.noop_seconds or (2.0 if args.quick else 5.0)
+    kinds = [k for k in args.models.split(",") if k]
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        ap.error(f"--models: unknown {bad} (known: {', '.join(KINDS)})")
+    seeded = {k for k in args.seed_models.split(",") if k}
+    record: dict[str, Any] = {"rows": [], "ceiling": None, "open_loop": []}
+    t_start = time.monotonic()
+
+    with tempfile.TemporaryDirectory(prefix="soakd-limit-") as tmp:
+        work = Path(tmp)
+        built = run_child("build", tmp, args.device, args.shape)
+        dev = built["device"]
+        where = built["cuda_name"] or f"cpu, {os.cpu_count()} cores, torch threads {built['threads']}"
+        print(f"device {dev} ({where}), torch {built['torch']}; {seconds:g} s per model row, {args.rounds} rounds, "
+              f"warm-up {args.warmup}, each figure its own process; shape {args.shape}", flush=True)
+
+        # 1. soakd against each model's offline loop.
+        rows = []
+        for kind in kinds:
+            spec = built["specs"][kind]
+            for load in LOADS:
+                offline: list[float] = []
+                soak: list[float] = []
+                seed: list[float] = []
+                for _ in range(args.rounds):
+                    off = run_child("offline", spec, dev, args.shape, str(load.batch), str(args.warmup), str(seconds))
+                    offline.append(off["rps"])
+                    soak.append(soakd_model(work, spec, dev, args.shape, load, args.warmup, seconds))
+                    if kind in seeded:
+                        seed.append(run_child("seed", spec, dev, args.shape, str(load.batch), str(args.warmup),
+                                              str(seconds), str(off["rps"]))["rps"])
+                row = {"model": kind, "spec": spec, "load": load.name, "offline": offline, "soakd": soak, "seed": seed}
+                rows.append(row)
+                record["rows"].append(row)
+                off_m, soak_m = statistics.median(offline), statistics.median(soak)
+                line = (f"  {kind:<12} {load.name:<8} offline {off_m:9.1f}  soakd {soak_m:9.1f}  "
+                        f"soakd/offline {soak_m / off_m:6.3f}   rounds offline [{fmt_rounds(offline)}] "
+                        f"soakd [{fmt_rounds(soak)}]")
+                if seed:
+                    line += f" seed [{fmt_rounds(seed)}]"
+                print(line, flush=True)
+
+        # 2. The driver's ceiling: builtin:noop, closed loop, batch 1024.
+        ceiling: list[float] = []
+        if not args.no_ceiling:
+            for _ in range(args.rounds):
+                s = soakd_run(work, ["--model", "builtin:noop", "--device", dev, "--input-shapes", "16",
+                                     "--warmup", "10", "--concurrency", "4096", "--max-batch-size", "1024",
+                                     "--max-queue-delay-ms", "1", "--duration", f"{noop_s}s"])
+                ceiling.append(float(s["throughput_rps"]))
+            record["ceiling"] = ceiling
+
+        # 3. Open loop: builtin:noop under Poisson arrivals.
+        opens = []
+        for rate in [float(r) for r in args.rates.split(",") if r]:
+            s = soakd_run(work, ["--model", "builtin:noop", "--device", dev, "--input-shapes", "16", "--warmup", "10",
+                                 "--rate", f"{rate:g}", "--arrival", "poisson", "--max-batch-size", "1024",
+                                 "--max-queue-delay-ms", "1", "--duration", f"{noop_s}s"])
+            req = s["requests"]
+            item = {"rate": rate, "achieved": float(s["throughput_rps"]), "offered": float(s.get("offered_rps", 0.0)),
+                    "lag_p99_ms": float(s["schedule_lag_ms"]["p99"]), "lag_max_ms": float(s["schedule_lag_ms"]["max"]),
+                    "dropped": int(req.get("dropped", 0)), "ok": int(req.get("ok", 0))}
+            opens.append(item)
+            record["open_loop"].append(item)
+
+    # The table of ratios.
+    print(f"\nsoakd vs the model's own offline loop (medians of {args.rounds}; goal soakd/offline >= 0.95)")
+    print(f"  {'model':<12} {'load':<8} {'offline':>9} {'soakd':>9} {'soakd/off':>9} {'seed':>9} {'seed/off':>9}")
+    for row in rows:
+        off_m, soak_m = statistics.median(row["offline"]), statistics.median(row["soakd"])
+        seed_cols = f"{'-':>9} {'-':>9}"
+        if row["seed"]:
+            seed_m = statistics.median(row["seed"])
+            seed_cols = f"{seed_m:9.1f} {seed_m / off_m:9.3f}"
+        print(f"  {row['model']:<12} {row['load']:<8} {off_m:9.1f} {soak_m:9.1f} {soak_m / off_m:9.3f} {seed_cols}")
+    if ceiling:
+        med = statistics.median(ceiling)
+        print(f"\nbuiltin:noop ceiling, concurrency 4096, batch 1024: {med:,.0f} req/s "
+              f"(rounds {fmt_rounds(ceiling)}); ratio to goal 300,000: {med / 300_000:.3f}")
+    if opens:
+        print(f"\nopen loop, builtin:noop, Poisson, {noop_s:g} s each (goal: achieved within 1%, lag p99 < 1 ms)")
+        print(f"  {'rate':>9} {'achieved':>10} {'ach/rate':>9} {'offered/rate':>12} {'lag p99 ms':>11}"
+              f" {'lag max ms':>11} {'dropped':>8}  holds")
+        held = 0.0
+        for o in opens:
+            ok = o["achieved"] / o["rate"] >= 0.99 and o["lag_p99_ms"] < 1.0
+            if ok:
+                held = max(held, o["rate"])
+            print(f"  {o['rate']:9.0f} {o['achieved']:10.1f} {o['achieved'] / o['rate']:9.4f}"
+                  f" {o['offered'] / o['rate']:12.4f} {o['lag_p99_ms']:11.3f} {o['lag_max_ms']:11.3f}"
+                  f" {o['dropped']:8d}  {'yes' if ok else 'no'}")
+        print(f"  highest rate that holds: {held:,.0f} req/s" if held else "  no rate tried holds")
+    print(f"\n(bench ran {time.monotonic() - t_start:.0f} s)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(record, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Batch assembly into reused staging buffers, instead of a fresh tensor per batch.
+
+``torch.stack`` allocates a new batch every call. At 8 x 3x224x224 float32 that is 4.8 MB, above
+glibc's mmap threshold, so every batch comes back from the kernel as freshly zeroed pages: on a
+2-core CPU that alone halved a small model's throughput (issue #13, bench/thread_affinity.py).
+Here each (batch size, shape, dtype) gets one buffer, kept and refilled with ``torch.stack(...,
+out=buf)``; on CUDA the buffer is pinned host memory and the copy to the device is
+``non_blocking``.
+
+One ``StagingBuffers`` per model thread. A buffer is refilled by the next batch of the same key,
+so it must not be refilled while a model call still reads it. On one model thread that holds by
+construction: the next batch is assembled after the previous call returned (and, on CUDA, a
+recorded event says the host-to-device copy that read the pinned buffer is done). Shared between
+model threads, two batches could land in one buffer at once, so a ``StagingBuffers`` refuses to be
+used from a second thread. One caveat stays: a model whose output *is* its input (``builtin:noop``)
+hands the staging buffer itself to the postprocess thread, which may then see the next batch's
+values; the sizes and timings soakd measures are unaffected.
+
+Bounded: at most ``capacity`` buffers (least recently used evicted), so a long run with many
+shapes cannot grow it; ``evictions`` counts the churn when a shape mix outgrows the cap.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+Key = tuple[int, tuple[int, ...], torch.dtype]
+
+
+class StagingBuffers:
+    def __init__(self, device: torch.device | str = "cpu", capacity: int = 8, *, pin: bool | None = None) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.device = torch.device(device)
+        self.capacity = capacity
+        self._cuda = self.device.type == "cuda"
+        self._pin = (self._cuda and torch.cuda.is_available()) if pin is None else pin
+        self._buffers: OrderedDict[Key, torch.Tensor] = OrderedDict()
+        self._copied: dict[Key, Any] = {}  # CUDA: event after the last copy out of each buffer
+        self._owner: int | None = None
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+    def stack(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``torch.stack(tensors)`` on the device, assembled in a reused buffer. A batch of one
+        on the CPU is a view of the request's own tensor, as before: nothing to copy."""
+        first = tensors[0]
+        if len(tensors) == 1 and not self._cuda:
+            return first.unsqueeze(0)
+        if first.device.type != "cpu":  # already on the device: its caching allocator recycles blocks
+            return torch.stack(list(tensors)).to(self.device)
+        key = (len(tensors), tuple(first.shape), first.dtype)
+        buf = self._buffer(key)
+        torch.stack(list(tensors), out=buf)
+        return self._to_device(key, buf)
+
+    def collate(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``pad_collate``'s semantics: the same shapes stack; 1-D (or N-D) sequences of
+        different lengths are right-padded with 0 along their first dimension to the longest."""
+        first = tensors[0].shape
+        if all(t.shape == first for t in tensors):
+            return self.stack(tensors)
+        trailing = tuple(first[1:])
+        if any(tuple(t.shape[1:]) != trailing for t in tensors):
+            shapes = sorted({tuple(t.shape) for t in tensors})
+            raise RuntimeError(f"cannot pad sequences whose trailing dimensions differ: {shapes}")
+        longest = max(t.shape[0] for t in tensors)
+        key = (len(tensors), (longest, *trailing), tensors[0].dtype)
+        buf = self._buffer(key)
+        for row, t in zip(buf, tensors, strict=True):
+            n = t.shape[0]
+            row[:n].copy_(t)
+            row[n:].zero_()  # the buffer holds the last batch's values: pad explicitly
+        return self._to_device(key, buf)
+
+    def _buffer(self, key: Key) -> torch.Tensor:
+        me = threading.get_ident()
+        if self._owner != me:
+            if self._owner is not None:
+                raise RuntimeError("StagingBuffers is per model thread: used from a second thread")
+            self._owner = me
+        buf = self._buffers.get(key)
+        if buf is not None:
+            self._buffers.move_to_end(key)
+            event = self._copied.get(key)
+            if event is not None:
+                event.synchronize()  # the previous copy out of this pinned buffer has finished
+            return buf
+        batch, shape, dtype = key
+        # A normal tensor, never an inference tensor, even when first made inside inference_mode
+        # (warm-up): refilling an inference tensor outside inference_mode is an error.
+        with torch.inference_mode(False):
+            buf = torch.empty((batch, *shape), dtype=dtype, pin_memory=self._pin)
+        self._buffers[key] = buf
+        if len(self._buffers) > self.capacity:
+            old, _ = self._buffers.popitem(last=False)
+            self._copied.pop(old, None)
+            self.evictions += 1
+        return buf
+
+    def _to_device(self, key: Key, buf: torch.Tensor) -> torch.Tensor:
+        if not self._cuda:
+            return buf
+        out = buf.to(self.device, non_blocking=self._pin)
+        if self._pin:
+            event = self._copied.get(key)
+            if event is None:
+                event = self._copied[key] = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record()
+        return out
