@@ -121,7 +121,11 @@ def _case(case: str, fn: Callable[[torch.Tensor], Any], seconds: float) -> Rate:
         _warm(fn, x)
         rate = _on_thread(lambda: _timed(fn, lambda: x, seconds))
     elif case == "same-thread":
-        rate = _on_thread(lambda: (_warm(fn, x), _timed(fn, lambda: x, seconds))[1])
+        def warm_then_time() -> tuple[float, float]:
+            _warm(fn, x)
+            return _timed(fn, lambda: x, seconds)
+
+        rate = _on_thread(warm_then_time)
     elif case == "fresh-clone":
         _warm(fn, x)
         rate = _timed(fn, x.clone, seconds)

@@ -192,7 +192,8 @@ def _healthz(port: int) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
             return resp.read().decode()  # type: ignore[no-any-return]
     except urllib.error.HTTPError as exc:
-        return exc.read().decode()  # type: ignore[no-any-return]
+        body: bytes = exc.read()
+        return body.decode()
 
 
 def test_server_killed_and_restarted_mid_soak(server: Server, bodies: Path, tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pymannkendall as mk
 import pytest
@@ -225,7 +227,7 @@ def test_warmup_end_finds_the_knee_of_a_fill_then_plateau() -> None:
 def test_leak_settings_are_validated_with_their_key_path() -> None:
     cfg = load_config(None, {"leak.persistence": "10m", "leak.min_slope_bytes_per_hour": {"host_rss": 1e6}})
     assert cfg.leak.persistence == 600.0 and DetectorParams.from_config(cfg.leak).persistence == 600.0
-    bad = [
+    bad: list[tuple[dict[str, Any], str]] = [
         ({"leak.alpha": "0.9"}, "leak.alpha"),
         ({"leak.min_slope_bytes_per_hour": {"rss": 1.0}}, "leak.min_slope_bytes_per_hour.rss"),
         ({"leak.min_slope_bytes_per_hour": {"host_rss": -1.0}}, "leak.min_slope_bytes_per_hour.host_rss"),

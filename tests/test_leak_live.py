@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tests.conftest import metric_value, wait_for
 
 # Seconds instead of hours, from the command line alone: memory sampled every second, a 10 s

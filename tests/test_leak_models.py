@@ -30,7 +30,8 @@ def test_leak_rate_follows_wall_time_not_calls() -> None:
         m.fn(x)
         time.sleep(0.01)
     assert m.module is not None
-    assert 15 * MIB < m.module.leaked < 45 * MIB  # ~100 MiB/s over ~0.3 s
+    leaked: int = getattr(m.module, "leaked")  # noqa: B009 - a buffer attribute mypy sees as Tensor | Module
+    assert 15 * MIB < leaked < 45 * MIB  # ~100 MiB/s over ~0.3 s
 
 
 def test_fragment_keeps_a_bounded_set_of_blocks() -> None:
@@ -38,7 +39,7 @@ def test_fragment_keeps_a_bounded_set_of_blocks() -> None:
     x = torch.zeros(1, 16)
     for _ in range(50):
         m.fn(x)
-    assert m.module is not None and len(m.module._live) == 4
+    assert m.module is not None and len(getattr(m.module, "_live")) == 4  # noqa: B009 - see above
 
 
 @pytest.mark.parametrize(("spec", "options", "key"), [

@@ -175,7 +175,11 @@ def test_cuda_history_modes() -> None:
 def test_host_evidence_tells_allocator_retention_from_a_leak() -> None:
     rss = iter([500 * MIB, 420 * MIB, 500 * MIB, 499 * MIB])
     trims: list[int] = []
-    ev = Evidence(None, malloc_trim=lambda: trims.append(1) or 1, rss=lambda: next(rss))
+    def trim() -> int:
+        trims.append(1)
+        return 1
+
+    ev = Evidence(None, malloc_trim=trim, rss=lambda: next(rss))
     held = ev.collect("host_rss", growth_bytes=100 * MIB)
     assert held == {"malloc_trim_released_bytes": 80 * MIB, "allocator_retention": True}
     leaked = ev.collect("host_rss", growth_bytes=100 * MIB)

@@ -105,7 +105,6 @@ def test_the_recording_sees_warmup_and_full_batches(recorded: tuple[int, Calls])
     assert sum(1 for _, size, _ in calls[WARMUP * instances:] if size == MAX_BATCH) > 20
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="lead wires warm-up on model threads / staging buffers")
 def test_warmup_and_inference_run_on_the_same_threads(recorded: tuple[int, Calls]) -> None:
     """Each instance has one thread for all its calls: no call, warm-up or probe, comes from elsewhere."""
     instances, calls = recorded
@@ -115,7 +114,6 @@ def test_warmup_and_inference_run_on_the_same_threads(recorded: tuple[int, Calls
     assert len(per_thread) == instances, f"calls came from {len(per_thread)} threads: {dict(per_thread)}"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="lead wires warm-up on model threads / staging buffers")
 def test_full_batches_arrive_in_reused_buffers(recorded: tuple[int, Calls]) -> None:
     """After warm-up, full batches on each model thread come in one buffer, not a new tensor each."""
     _, calls = recorded

@@ -12,9 +12,9 @@ import torch
 
 from soakd.config import ConfigError, load_config
 from soakd.load.engine import Engine
-from soakd.load.stages import pad_collate
 from soakd.request import Request
 from soakd.targets.local import LocalModelTarget
+from soakd.targets.staging import StagingBuffers
 from soakd.telemetry.catalogue import Metrics
 from soakd.workload.seqlen import SeqLenSource, draw_lengths, parse_seq_spec
 from soakd.workload.shapes import ShapeSource
@@ -80,9 +80,9 @@ class TestSeqLen:
 
 
 class TestPadding:
-    def test_pad_collate_right_pads_with_zeros(self) -> None:
+    def test_padded_batches_right_pad_with_zeros(self) -> None:
         batch = [Request(0, 0, "seq", torch.tensor([5, 6, 7])), Request(0, 0, "seq", torch.tensor([9]))]
-        assert pad_collate(batch).tolist() == [[5, 6, 7], [9, 0, 0]]
+        assert StagingBuffers().collate([r.tensor for r in batch]).tolist() == [[5, 6, 7], [9, 0, 0]]
 
     def test_padded_sequences_share_batches(self) -> None:
         """With input.pad, 61 different lengths still fill batches; each batch is one padded shape."""

@@ -8,9 +8,18 @@ import threading
 import pytest
 import torch
 
-from soakd.load.request import Request
-from soakd.load.stages import pad_collate
-from soakd.load.staging import StagingBuffers
+from soakd.request import Request
+from soakd.targets.staging import StagingBuffers
+
+
+def pad_collate(batch: list[Request]) -> torch.Tensor:
+    """The batch assembly soakd had before staging buffers (the reference they must match):
+    stack, right-padding 1-D token sequences with 0 to the longest when lengths differ."""
+    tensors = [r.tensor for r in batch]
+    first = tensors[0].shape
+    if all(t.shape == first for t in tensors):
+        return torch.stack(tensors)
+    return torch.nn.utils.rnn.pad_sequence(tensors, batch_first=True, padding_value=0)
 
 
 def requests(tensors: list[torch.Tensor]) -> list[Request]:

@@ -22,7 +22,7 @@ import torch
 from soakd.config import Config
 from soakd.load.batcher import Batcher
 from soakd.load.executors import Executor, executor_for
-from soakd.load.stages import BAD_INPUT_KEY, PostprocessThread, PreprocessPool, pad_collate
+from soakd.load.stages import BAD_INPUT_KEY, PostprocessThread, PreprocessPool
 from soakd.request import Inlet, Request
 from soakd.targets.base import AnyTarget, RequestTarget
 from soakd.telemetry.catalogue import OUTCOMES, Metrics
@@ -96,7 +96,6 @@ class Engine:
         self._inlet: Inlet = self.batcher if self.target.batches else _Submit(self.target)
         self.preprocess_pool: PreprocessPool | None = None
         self.postprocess: PostprocessThread | None = None
-        self._collate: Callable[[list[Request]], torch.Tensor] | None = pad_collate if inp.pad else None
         self._shapes_seen: set[tuple[int, ...]] = set()
         if self.source.preprocess is not None:
             self._hist["preprocess"] = self.metrics.request_duration.labels("preprocess")
@@ -215,7 +214,7 @@ class Engine:
         target = self.target
         if not target.batches:  # a request target runs no batch loop (see _request_done)
             return
-        collate, post, clock = self._collate, self.postprocess, self.clock
+        pad, post, clock = self.cfg.input.pad, self.postprocess, self.clock
         model_s, overhead_s = self._model_s, self._overhead_s
         cuda_oom_reset = self.cfg.batcher.empty_cache_on_oom and torch.cuda.is_available()
         while not self._abort.is_set():
@@ -233,12 +232,7 @@ class Engine:
             out = None
             t_call = t_dispatch
             try:
-                if collate is not None:
-                    x = collate(batch)
-                elif len(batch) == 1:
-                    x = batch[0].tensor.unsqueeze(0)
-                else:
-                    x = torch.stack([r.tensor for r in batch])
+                x = target.assemble(worker, [r.tensor for r in batch], pad)
                 self._see_shape(x)
                 t_call = clock()
                 out = target.run_batch(x)

@@ -32,15 +32,6 @@ BAD_INPUT_KEY = object()
 BUSY_INTERVAL_S = 1.0
 
 
-def pad_collate(batch: list[Request]) -> torch.Tensor:
-    """Stack a batch, right-padding 1-D token sequences with 0 to the longest when lengths differ."""
-    tensors = [r.tensor for r in batch]
-    first = tensors[0].shape
-    if all(t.shape == first for t in tensors):
-        return torch.stack(tensors)
-    return torch.nn.utils.rnn.pad_sequence(tensors, batch_first=True, padding_value=0)
-
-
 class PreprocessPool:
     """``workers`` threads that turn raw samples into tensors and hand them to the batcher.
 

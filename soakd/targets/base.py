@@ -48,6 +48,9 @@ class Target(Protocol):
     def serve(self, loop: Callable[[int], None]) -> None:
         """Run ``loop(worker_index)`` on every worker thread until it returns."""
 
+    def assemble(self, worker: int, tensors: Sequence[Any], pad: bool) -> Any:
+        """The batch worker ``worker`` hands to ``run_batch``, from the requests' inputs."""
+
     def run_batch(self, batch: Any) -> Any:
         """One batch through the model, on the calling worker thread; the result is the model's output."""
 

@@ -12,6 +12,7 @@ import torch
 
 from soakd.errors import ModelLoadError
 from soakd.targets.base import WarmupResult
+from soakd.targets.staging import StagingBuffers
 from soakd.targets.workers import WorkerThreads
 
 log = logging.getLogger("soakd.target")
@@ -46,6 +47,9 @@ class LocalModelTarget:
         self.threads_per_worker = thread_budget(self.workers, budget)
         per = self.threads_per_worker
         self._threads = WorkerThreads(self.workers, "soakd-model", lambda i: torch.set_num_threads(per))
+        # One set of reused batch buffers per worker: a buffer is refilled only by its own thread,
+        # after that thread's previous call returned (targets/staging.py).
+        self._staging = [StagingBuffers(device) for _ in range(self.workers)]
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -65,6 +69,12 @@ class LocalModelTarget:
         self._threads.close()
 
     # ------------------------------------------------------------------ calls (on worker threads)
+
+    def assemble(self, worker: int, tensors: Sequence[torch.Tensor], pad: bool) -> torch.Tensor:
+        """A batch from requests' tensors, in worker ``worker``'s reused buffer (on the device),
+        right-padded with 0 to the longest sequence when ``pad``; not a fresh tensor per batch."""
+        staging = self._staging[worker]
+        return staging.collate(tensors) if pad else staging.stack(tensors)
 
     def run_batch(self, batch: torch.Tensor) -> Any:
         x = batch.to(self.device, non_blocking=True)
