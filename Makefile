@@ -11,7 +11,6 @@ demo: bootstrap
 test: bootstrap
 	.venv/bin/python -m pytest -q
 
-# Lint and types, as CI runs them.
+# Lint, format and types over soakd/, tests/ and bench/, as CI runs them.
 check: bootstrap
-	.venv/bin/ruff check soakd tests bench
-	.venv/bin/mypy
+	scripts/check.sh

@@ -29,8 +29,12 @@ from soakd.workload.shapes import ShapeSource
 
 
 def soak(spec: str, device: str, shapes: str, seconds: float, **ov: Any) -> tuple[Engine, float]:
-    overrides = {"model.spec": spec, "model.device": device, "input.shapes": shapes,
-                 **{k.replace("__", "."): str(v) for k, v in ov.items()}}
+    overrides = {
+        "model.spec": spec,
+        "model.device": device,
+        "input.shapes": shapes,
+        **{k.replace("__", "."): str(v) for k, v in ov.items()},
+    }
     cfg = load_config(None, overrides)
     model = load_model(spec, device)
     source = ShapeSource(shapes, pool=cfg.input.pool)
@@ -78,35 +82,61 @@ def main() -> None:
     offlines, onlines = [], []
     for _ in range(3):
         offlines.append(offline_loop("builtin:convnet", dev, shape, batch, s / 3))
-        engine, rps = soak("builtin:convnet", dev, shapes, s / 3, load__concurrency=2 * batch,
-                           batcher__max_batch_size=batch, batcher__max_queue_delay_ms=5)
+        engine, rps = soak(
+            "builtin:convnet",
+            dev,
+            shapes,
+            s / 3,
+            load__concurrency=2 * batch,
+            batcher__max_batch_size=batch,
+            batcher__max_queue_delay_ms=5,
+        )
         onlines.append(rps)
     offline, online = statistics.median(offlines), statistics.median(onlines)
     print("\n1. harness overhead, builtin:convnet", shapes, f"batch {batch} (median of 3 alternating rounds)")
     print(f"   offline loop          {offline:10.1f} req/s   rounds {', '.join(f'{v:.0f}' for v in offlines)}")
-    print(f"   soakd closed loop     {online:10.1f} req/s   rounds {', '.join(f'{v:.0f}' for v in onlines)}"
-          f"   mean batch {engine.batch_size_summary()['mean']:.2f}")
+    print(
+        f"   soakd closed loop     {online:10.1f} req/s   rounds {', '.join(f'{v:.0f}' for v in onlines)}"
+        f"   mean batch {engine.batch_size_summary()['mean']:.2f}"
+    )
     print(f"   ratio soakd/offline   {online / offline:10.3f}   (goal >= 0.95)")
 
     # 2. Driver ceiling.
-    engine, ceiling = soak("builtin:noop", dev, "16", s, load__concurrency=4096, batcher__max_batch_size=1024,
-                           batcher__max_queue_delay_ms=1)
+    engine, ceiling = soak(
+        "builtin:noop",
+        dev,
+        "16",
+        s,
+        load__concurrency=4096,
+        batcher__max_batch_size=1024,
+        batcher__max_queue_delay_ms=1,
+    )
     print("\n2. driver ceiling, builtin:noop, concurrency 4096, max batch 1024")
     print(f"   soakd                 {ceiling:10.1f} req/s   mean batch {engine.batch_size_summary()['mean']:.1f}")
     print(f"   ratio to goal 50k     {ceiling / 50_000:10.3f}   (goal >= 1.0)")
 
     # 3. Open-loop accuracy.
     rate = 2000.0
-    engine, _ = soak("builtin:noop", dev, "16", s, load__rate=rate, load__arrival="poisson",
-                     batcher__max_batch_size=64, batcher__max_queue_delay_ms=1)
+    engine, _ = soak(
+        "builtin:noop",
+        dev,
+        "16",
+        s,
+        load__rate=rate,
+        load__arrival="poisson",
+        batcher__max_batch_size=64,
+        batcher__max_queue_delay_ms=1,
+    )
     st = engine.stats()
     sent = st.completed["ok"] + st.completed["dropped"] + st.completed["error"]
     achieved = sent / (engine.last_completion - engine.started_at)
     lag = st.lag
     print(f"\n3. open loop, Poisson {rate:.0f} req/s, builtin:noop")
     print(f"   achieved rate         {achieved:10.1f} req/s   ratio {achieved / rate:.4f}  (goal within 1%)")
-    print(f"   schedule lag p50/p99  {lag.percentile(0.5) * 1e3:10.3f} / {lag.percentile(0.99) * 1e3:.3f} ms"
-          f"   max {lag.maximum * 1e3:.3f} ms  (goal p99 < 1 ms)")
+    print(
+        f"   schedule lag p50/p99  {lag.percentile(0.5) * 1e3:10.3f} / {lag.percentile(0.99) * 1e3:.3f} ms"
+        f"   max {lag.maximum * 1e3:.3f} ms  (goal p99 < 1 ms)"
+    )
     print(f"   e2e p99               {st.stages['e2e'].percentile(0.99) * 1e3:10.3f} ms")
 
     # 4. The seed harness on the same convnet and shape, same concurrency, batch size 1 as it runs.
@@ -115,19 +145,31 @@ def main() -> None:
     per_thread = max(20, int(offline * s / 16 / 2))
     res = seed.run_stress_test([8], requests_per_thread=per_thread)[8]
     print("\n4. seed harness vs soakd, builtin:convnet", shapes, "concurrency 8")
-    print(f"   seed harness (8 threads, batch 1)   {res['qps']:8.1f} req/s   p50 {res['p50_ms']:.2f} ms"
-          f"  p99 {res['p99_ms']:.2f} ms  (model call only: no queue)")
+    print(
+        f"   seed harness (8 threads, batch 1)   {res['qps']:8.1f} req/s   p50 {res['p50_ms']:.2f} ms"
+        f"  p99 {res['p99_ms']:.2f} ms  (model call only: no queue)"
+    )
     rows = (
         ("soakd 8 instances, batch 1", 8, 1),
         ("soakd 1 instance, batch<=8", 1, 8),
         ("soakd 2 instances, batch<=4", 2, 4),
     )
     for label, instances, max_batch in rows:
-        engine, rps = soak("builtin:convnet", dev, shapes, s, load__concurrency=8, batcher__max_batch_size=max_batch,
-                           batcher__max_queue_delay_ms=2, batcher__instances=instances)
+        engine, rps = soak(
+            "builtin:convnet",
+            dev,
+            shapes,
+            s,
+            load__concurrency=8,
+            batcher__max_batch_size=max_batch,
+            batcher__max_queue_delay_ms=2,
+            batcher__instances=instances,
+        )
         e2e = engine.stats().stages["e2e"]
-        print(f"   {label:<35} {rps:8.1f} req/s   p50 {e2e.percentile(0.5) * 1e3:.2f} ms"
-              f"  p99 {e2e.percentile(0.99) * 1e3:.2f} ms  (e2e incl. queue)   ratio to seed {rps / res['qps']:.3f}")
+        print(
+            f"   {label:<35} {rps:8.1f} req/s   p50 {e2e.percentile(0.5) * 1e3:.2f} ms"
+            f"  p99 {e2e.percentile(0.99) * 1e3:.2f} ms  (e2e incl. queue)   ratio to seed {rps / res['qps']:.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -72,17 +72,34 @@ def main() -> None:
     ap.add_argument("--interval", default="2s", help="RSS read interval")
     ap.add_argument("--scrape", default="15s", help="/metrics scrape interval, as Prometheus would")
     args = ap.parse_args()
-    duration, warmup, interval, every = (parse_duration(v) for v in
-                                         (args.duration, args.warmup, args.interval, args.scrape))
+    duration, warmup, interval, every = (
+        parse_duration(v) for v in (args.duration, args.warmup, args.interval, args.scrape)
+    )
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     with tempfile.TemporaryDirectory() as d:
-        cmd = [sys.executable, "-m", "soakd", "run", "--model", "builtin:noop", "--rate", str(args.rate),
-               "--arrival", "poisson", "--warmup", "50", "--metrics-addr", f"127.0.0.1:{port}",
-               "--state-dir", str(Path(d) / "state"), "--memory-interval", "5s"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "soakd",
+            "run",
+            "--model",
+            "builtin:noop",
+            "--rate",
+            str(args.rate),
+            "--arrival",
+            "poisson",
+            "--warmup",
+            "50",
+            "--metrics-addr",
+            f"127.0.0.1:{port}",
+            "--state-dir",
+            str(Path(d) / "state"),
+            "--memory-interval",
+            "5s",
+        ]
         log = open(Path(d) / "soakd.log", "w")  # noqa: SIM115 - closed below
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         t0 = time.monotonic()
         ts: list[float] = []
         rss: list[int] = []
@@ -115,20 +132,25 @@ def main() -> None:
         slope = slope_mib_per_hour(t[keep], mib[keep])
         mid = (warmup + t[-1]) / 2
         first, second = keep & (t < mid), t >= mid
-        print(f"builtin:noop at {args.rate:g} req/s for {duration:.0f}s, /metrics scraped every {every:g}s "
-              f"(exit {rc}): RSS {mib[keep][0]:.1f} MiB after {warmup:.0f}s warm-up, {mib[-1]:.1f} MiB at the "
-              f"end, max {mib.max():.1f} MiB")
-        print(f"slope after warm-up: {slope:+.2f} MiB/h over {(t[-1] - warmup) / 60:.1f} min "
-              f"({keep.sum()} reads; goal: within ±1 MiB/h over an hour)")
+        print(
+            f"builtin:noop at {args.rate:g} req/s for {duration:.0f}s, /metrics scraped every {every:g}s "
+            f"(exit {rc}): RSS {mib[keep][0]:.1f} MiB after {warmup:.0f}s warm-up, {mib[-1]:.1f} MiB at the "
+            f"end, max {mib.max():.1f} MiB"
+        )
+        print(
+            f"slope after warm-up: {slope:+.2f} MiB/h over {(t[-1] - warmup) / 60:.1f} min "
+            f"({keep.sum()} reads; goal: within ±1 MiB/h over an hour)"
+        )
         if first.sum() >= 3 and second.sum() >= 3:
-            print(f"  first half {slope_mib_per_hour(t[first], mib[first]):+.2f} MiB/h, "
-                  f"second half {slope_mib_per_hour(t[second], mib[second]):+.2f} MiB/h")
+            print(
+                f"  first half {slope_mib_per_hour(t[first], mib[first]):+.2f} MiB/h, "
+                f"second half {slope_mib_per_hour(t[second], mib[second]):+.2f} MiB/h"
+            )
         if len(malloc) >= 3:
             mt = np.asarray([m[0] for m in malloc])
             for name in MALLOC:
                 v = np.asarray([m[1][name] for m in malloc]) / 2**20
-                print(f"  {name}: {v[0]:.2f} -> {v[-1]:.2f} MiB, slope "
-                      f"{slope_mib_per_hour(mt, v):+.2f} MiB/h")
+                print(f"  {name}: {v[0]:.2f} -> {v[-1]:.2f} MiB, slope {slope_mib_per_hour(mt, v):+.2f} MiB/h")
 
 
 if __name__ == "__main__":

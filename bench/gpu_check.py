@@ -73,8 +73,9 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def run_step(name: str, argv: Sequence[str], timeout_s: float, log: Path, result: Path,
-             env: Mapping[str, str] | None = None) -> dict[str, Any]:
+def run_step(
+    name: str, argv: Sequence[str], timeout_s: float, log: Path, result: Path, env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """Run one step's process with its output in ``log``; its figures come from ``result``.
 
     status: passed (exit 0 and every check true), failed (non-zero exit, unreadable result
@@ -82,8 +83,14 @@ def run_step(name: str, argv: Sequence[str], timeout_s: float, log: Path, result
     t0 = time.monotonic()
     record: dict[str, Any] = {"name": name, "timeout_seconds": round(timeout_s, 1)}
     with log.open("wb") as fh:
-        proc = subprocess.Popen(list(argv), stdout=fh, stderr=subprocess.STDOUT, cwd=REPO,
-                                env=dict(env) if env is not None else None, start_new_session=True)
+        proc = subprocess.Popen(
+            list(argv),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=dict(env) if env is not None else None,
+            start_new_session=True,
+        )
         try:
             rc: int | None = proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -168,14 +175,23 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
 
 # The seed article's own table (BS, QPS, P99 ms, GPU memory GB) for the convnet at 3x224x224.
 SEED_ARTICLE = {1: (65, 15.2, 1.2), 4: (180, 22.1, 2.1), 8: (240, 33.5, 3.8), 32: (260, 123.0, 11.5)}
-BATCH_COLUMNS = (("max batch", "max_batch_size"), ("concurrency", "concurrency"), ("soakd req/s", "soakd_rps"),
-                 ("soakd p50 ms", "soakd_p50_ms"), ("soakd p99 ms", "soakd_p99_ms"), ("mean batch", "mean_batch"),
-                 ("torch reserved peak MiB", "torch_reserved_peak_mib"),
-                 ("NVML process peak MiB", "nvml_process_peak_mib"),
-                 ("NVML device used peak MiB", "nvml_device_used_peak_mib"), ("bottleneck", "bottleneck"),
-                 ("stable", "stable"), ("offline loop img/s", "offline_img_per_s"),
-                 ("seed harness img/s", "seed_img_per_s"), ("seed p99 ms/call", "seed_p99_ms"),
-                 ("soakd / offline", "soakd_over_offline"))
+BATCH_COLUMNS = (
+    ("max batch", "max_batch_size"),
+    ("concurrency", "concurrency"),
+    ("soakd req/s", "soakd_rps"),
+    ("soakd p50 ms", "soakd_p50_ms"),
+    ("soakd p99 ms", "soakd_p99_ms"),
+    ("mean batch", "mean_batch"),
+    ("torch reserved peak MiB", "torch_reserved_peak_mib"),
+    ("NVML process peak MiB", "nvml_process_peak_mib"),
+    ("NVML device used peak MiB", "nvml_device_used_peak_mib"),
+    ("bottleneck", "bottleneck"),
+    ("stable", "stable"),
+    ("offline loop img/s", "offline_img_per_s"),
+    ("seed harness img/s", "seed_img_per_s"),
+    ("seed p99 ms/call", "seed_p99_ms"),
+    ("soakd / offline", "soakd_over_offline"),
+)
 ARTICLE_COLUMN = "article QPS / p99 ms / GB"
 
 
@@ -184,8 +200,9 @@ def batch_rows(rows: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
     out = []
     for r in rows:
         article = SEED_ARTICLE.get(int(r.get("max_batch_size", 0)))
-        out.append([*(r.get(key) for _, key in BATCH_COLUMNS),
-                    " / ".join(str(v) for v in article) if article else None])
+        out.append(
+            [*(r.get(key) for _, key in BATCH_COLUMNS), " / ".join(str(v) for v in article) if article else None]
+        )
     return out
 
 
@@ -194,23 +211,36 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     gpu = report.get("gpu") or {}
     where = gpu.get("name") or "no GPU"
     cuda = "yes" if report.get("cuda") else report.get("reason") or "no"
-    lines = [f"# soakd GPU check: {where}", "",
-             f"Started {report.get('started_at')}, {report.get('wall_seconds')} s of a "
-             f"{report.get('budget_seconds')} s budget. CUDA: {cuda}.", ""]
+    lines = [
+        f"# soakd GPU check: {where}",
+        "",
+        f"Started {report.get('started_at')}, {report.get('wall_seconds')} s of a "
+        f"{report.get('budget_seconds')} s budget. CUDA: {cuda}.",
+        "",
+    ]
     steps = report.get("steps", [])
-    lines += _table(("step", "status", "seconds", "timeout s", "why"),
-                    ([s["name"], s["status"], s.get("seconds"), s.get("timeout_seconds"), s.get("reason")]
-                     for s in steps))
+    lines += _table(
+        ("step", "status", "seconds", "timeout s", "why"),
+        ([s["name"], s["status"], s.get("seconds"), s.get("timeout_seconds"), s.get("reason")] for s in steps),
+    )
     checks = [(s["name"], claim, ok) for s in steps for claim, ok in s.get("checks", {}).items()]
     if checks:
         lines += ["", "## Checks", "", *_table(("step", "claim", "holds"), checks)]
     for s in steps:
         rows = s.get("figures", {}).get("batch_table")
         if rows:
-            lines += ["", "## The seed article's table, measured (builtin:convnet 3x224x224)", "",
-                      *_table([*(h for h, _ in BATCH_COLUMNS), ARTICLE_COLUMN], batch_rows(rows))]
-    figures = [(s["name"], key, value) for s in steps for key, value in flatten(s.get("figures", {}))
-               if not key.startswith("batch_table")]
+            lines += [
+                "",
+                "## The seed article's table, measured (builtin:convnet 3x224x224)",
+                "",
+                *_table([*(h for h, _ in BATCH_COLUMNS), ARTICLE_COLUMN], batch_rows(rows)),
+            ]
+    figures = [
+        (s["name"], key, value)
+        for s in steps
+        for key, value in flatten(s.get("figures", {}))
+        if not key.startswith("batch_table")
+    ]
     if figures:
         lines += ["", "## Every figure", "", *_table(("step", "figure", "value"), figures)]
     return "\n".join(lines) + "\n"
@@ -241,24 +271,41 @@ def select(names: str | None) -> list[Step]:
 
 
 def step_argv(step: Step, out: Path, work: Path, result: Path) -> list[str]:
-    return [sys.executable, "-m", "bench.gpu_steps", step.name, "--out", str(out),
-            "--work", str(work / step.name), "--result", str(result)]
+    return [
+        sys.executable,
+        "-m",
+        "bench.gpu_steps",
+        step.name,
+        "--out",
+        str(out),
+        "--work",
+        str(work / step.name),
+        "--result",
+        str(result),
+    ]
 
 
 ArgvFor = Callable[[Step, Path, Path, Path], list[str]]
 
 
-def run_steps(steps: Sequence[Step], out: Path, budget: float, cuda: bool, reason: str,
-              argv_for: ArgvFor = step_argv) -> int:
+def run_steps(
+    steps: Sequence[Step], out: Path, budget: float, cuda: bool, reason: str, argv_for: ArgvFor = step_argv
+) -> int:
     """Every step in turn (or 'skipped: no CUDA'), then gpu_check.json, .md and .log in ``out``.
 
     A step's timeout is its own or what is left of ``budget``, whichever is less; a step that
     fails or times out is recorded and the next one runs. Returns the exit status."""
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    report: dict[str, Any] = {"schema": 1, "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                              "budget_seconds": budget, "cuda": cuda, "reason": reason or None,
-                              "python": sys.executable, "steps": []}
+    report: dict[str, Any] = {
+        "schema": 1,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "budget_seconds": budget,
+        "cuda": cuda,
+        "reason": reason or None,
+        "python": sys.executable,
+        "steps": [],
+    }
     work = Path(tempfile.mkdtemp(prefix="soakd-gpu-check-"))
     logs: list[tuple[str, Path]] = []
     try:
@@ -267,8 +314,15 @@ def run_steps(steps: Sequence[Step], out: Path, budget: float, cuda: bool, reaso
             why = reason if not cuda else "budget spent" if left < 5 else None
             if why:
                 print(f"{step.name}: skipped: {'no CUDA' if not cuda else why}", flush=True)
-                report["steps"].append({"name": step.name, "title": step.title, "status": "skipped",
-                                        "reason": why, "timeout_seconds": step.timeout_s})
+                report["steps"].append(
+                    {
+                        "name": step.name,
+                        "title": step.title,
+                        "status": "skipped",
+                        "reason": why,
+                        "timeout_seconds": step.timeout_s,
+                    }
+                )
                 continue
             log, result = work / f"{step.name}.log", work / f"{step.name}.json"
             timeout = min(step.timeout_s, left)
@@ -279,8 +333,11 @@ def run_steps(steps: Sequence[Step], out: Path, budget: float, cuda: bool, reaso
             logs.append((step.title, log))
             if step.name == "env" and rec["figures"].get("gpu_name"):
                 report["gpu"] = {"name": rec["figures"]["gpu_name"], "driver": rec["figures"].get("driver")}
-            print(f"{step.name}: {rec['status']} in {rec['seconds']} s"
-                  + (f" ({rec['reason']})" if rec.get("reason") else ""), flush=True)
+            print(
+                f"{step.name}: {rec['status']} in {rec['seconds']} s"
+                + (f" ({rec['reason']})" if rec.get("reason") else ""),
+                flush=True,
+            )
     finally:
         report["wall_seconds"] = round(time.monotonic() - t0, 1)
         report["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -296,11 +353,13 @@ def run_steps(steps: Sequence[Step], out: Path, budget: float, cuda: bool, reaso
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="gpu_check", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="gpu_check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("out", type=Path, help="folder for gpu_check.json, gpu_check.md, gpu_check.log, fixtures/")
-    ap.add_argument("--steps", default=None, help="comma list of steps to run (default: all): "
-                    + ",".join(s.name for s in STEPS))
+    ap.add_argument(
+        "--steps", default=None, help="comma list of steps to run (default: all): " + ",".join(s.name for s in STEPS)
+    )
     ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for every step together (480)")
     args = ap.parse_args(argv)
     try:

@@ -71,7 +71,8 @@ class FixtureRecorder(nn.Module):
             pynvml.nvmlShutdown()
         answers["_recorded"] = {
             "moment": "under load, inside soakd run, in the model's forward()",
-            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
             "torch_device_name": torch.cuda.get_device_name(device),
             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
@@ -85,8 +86,12 @@ class FixtureRecorder(nn.Module):
         if x.is_cuda and self.calls == self.warmup:
             self._record("warm", x.device)
             self.warm_at = time.monotonic()
-        elif (x.is_cuda and self.warm_at is not None and "load" not in self.recorded
-              and time.monotonic() - self.warm_at >= self.load_after_s):
+        elif (
+            x.is_cuda
+            and self.warm_at is not None
+            and "load" not in self.recorded
+            and time.monotonic() - self.warm_at >= self.load_after_s
+        ):
             self._record("load", x.device)  # this batch's input and output still held
         return y
 

@@ -59,20 +59,29 @@ def _ask(nv: Any, gpu: dict[str, Any], key: str, call: Callable[[], Any]) -> Any
 
 
 def _processes(nv: Any, h: Any, pid: int) -> list[dict[str, Any]]:
-    return [{"pid": "SELF" if p.pid == pid else int(p.pid),
-             "usedGpuMemory": None if p.usedGpuMemory is None else int(p.usedGpuMemory)}
-            for p in nv.nvmlDeviceGetComputeRunningProcesses(h)]
+    return [
+        {
+            "pid": "SELF" if p.pid == pid else int(p.pid),
+            "usedGpuMemory": None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+        }
+        for p in nv.nvmlDeviceGetComputeRunningProcesses(h)
+    ]
 
 
 def _record_gpu(nv: Any, h: Any, pid: int) -> dict[str, Any]:
     v2 = getattr(nv, "nvmlMemory_v2", MEMORY_V2)
     clock_sm = getattr(nv, "NVML_CLOCK_SM", CLOCK_SM)
     sensor = getattr(nv, "NVML_TEMPERATURE_GPU", TEMPERATURE_GPU)
-    gpu: dict[str, Any] = {"uuid": _text(nv.nvmlDeviceGetUUID(h)), "name": _text(nv.nvmlDeviceGetName(h)),
-                           "unsupported": []}
+    gpu: dict[str, Any] = {
+        "uuid": _text(nv.nvmlDeviceGetUUID(h)),
+        "name": _text(nv.nvmlDeviceGetName(h)),
+        "unsupported": [],
+    }
     calls: list[tuple[str, Callable[[], Any]]] = [
-        ("memory_v2", lambda: _fields(nv.nvmlDeviceGetMemoryInfo(h, version=v2),
-                                      ("total", "reserved", "free", "used"))),
+        (
+            "memory_v2",
+            lambda: _fields(nv.nvmlDeviceGetMemoryInfo(h, version=v2), ("total", "reserved", "free", "used")),
+        ),
         ("memory", lambda: _fields(nv.nvmlDeviceGetMemoryInfo(h), ("total", "free", "used"))),
         ("processes", partial(_processes, nv, h, pid)),
         ("utilization", lambda: _fields(nv.nvmlDeviceGetUtilizationRates(h), ("gpu", "memory"))),

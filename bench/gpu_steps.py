@@ -57,8 +57,7 @@ def soakd(*args: str) -> list[str]:
 def run_cmd(cfg: Path, port: int, state: Path, summary: Path | None = None) -> list[str]:
     """``soakd run`` on a config file, /metrics on 127.0.0.1:port, its own state folder."""
     extra = ["--summary-json", str(summary)] if summary is not None else []
-    return soakd("run", "--config", str(cfg), "--metrics-addr", f"127.0.0.1:{port}", "--state-dir", str(state),
-                 *extra)
+    return soakd("run", "--config", str(cfg), "--metrics-addr", f"127.0.0.1:{port}", "--state-dir", str(state), *extra)
 
 
 def free_port() -> int:
@@ -73,7 +72,7 @@ def say(text: str) -> None:
 
 # --------------------------------------------------------------------------- Prometheus text
 
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
@@ -96,15 +95,34 @@ def metric(samples: Sequence[tuple[str, dict[str, str], float]], name: str, **la
 
 # --------------------------------------------------------------------------- 1. environment
 
-SMI_KEYS = ("Driver Version", "CUDA Version", "Product Name", "Product Architecture", "Persistence Mode",
-            "Addressing Mode", "Current", "Pending", "Total", "Reserved", "Used", "Free", "Power Draw",
-            "Current Power Limit", "Graphics", "SM", "Memory", "GPU Current Temp", "Compute Mode")
+SMI_KEYS = (
+    "Driver Version",
+    "CUDA Version",
+    "Product Name",
+    "Product Architecture",
+    "Persistence Mode",
+    "Addressing Mode",
+    "Current",
+    "Pending",
+    "Total",
+    "Reserved",
+    "Used",
+    "Free",
+    "Power Draw",
+    "Current Power Limit",
+    "Graphics",
+    "SM",
+    "Memory",
+    "GPU Current Temp",
+    "Compute Mode",
+)
 
 
 def nvidia_smi_excerpt(text: str) -> list[str]:
     """The lines of ``nvidia-smi -q`` soakd's figures depend on (names, versions, memory, clocks, power)."""
-    return [line.rstrip() for line in text.splitlines()
-            if line.strip().split(":")[0].strip() in SMI_KEYS and ":" in line]
+    return [
+        line.rstrip() for line in text.splitlines() if line.strip().split(":")[0].strip() in SMI_KEYS and ":" in line
+    ]
 
 
 def step_env(out: Path, work: Path) -> Result:
@@ -152,8 +170,7 @@ def step_env(out: Path, work: Path) -> Result:
 
 
 def gpu_test_files() -> list[str]:
-    return sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py")
-                  if "mark.gpu" in p.read_text())
+    return sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py") if "mark.gpu" in p.read_text())
 
 
 def junit_outcomes(path: Path) -> dict[str, str]:
@@ -172,8 +189,19 @@ def step_pytest(out: Path, work: Path) -> Result:
     files = gpu_test_files()
     junit = work / "junit.xml"
     # Only the files with GPU tests: collecting the rest would import tools this host may lack.
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rA",
-           f"--junitxml={junit}", *files]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        "gpu",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-rA",
+        f"--junitxml={junit}",
+        *files,
+    ]
     say(" ".join(cmd))
     rc = subprocess.run(cmd, cwd=REPO, env=child_env(), timeout=130).returncode
     outcomes = junit_outcomes(junit) if junit.exists() else {}
@@ -190,10 +218,12 @@ def step_pytest(out: Path, work: Path) -> Result:
 
 def fixtures_config(rec: Path, warmup: int = 10) -> str:
     """A soakd config: builtin ConvNet inside the recorder, 8 s of load at 3x224x224 batches <= 8."""
-    return (f'[model]\nspec = "python:bench.gpu_models:fixture_recorder"\ndevice = "cuda"\nwarmup = {warmup}\n'
-            f"[model.options]\nout = {json.dumps(str(rec))}\nwarmup = {warmup}\nload_after_s = 3.0\n"
-            f'[input]\nshapes = "{SHAPE}"\n[load]\nconcurrency = 16\nduration = "8s"\n'
-            "[batcher]\nmax_batch_size = 8\n")
+    return (
+        f'[model]\nspec = "python:bench.gpu_models:fixture_recorder"\ndevice = "cuda"\nwarmup = {warmup}\n'
+        f"[model.options]\nout = {json.dumps(str(rec))}\nwarmup = {warmup}\nload_after_s = 3.0\n"
+        f'[input]\nshapes = "{SHAPE}"\n[load]\nconcurrency = 16\nduration = "8s"\n'
+        "[batcher]\nmax_batch_size = 8\n"
+    )
 
 
 def step_fixtures(out: Path, work: Path) -> Result:
@@ -241,9 +271,11 @@ def step_fixtures(out: Path, work: Path) -> Result:
     r.figures["nvml.self_listed"] = any(p["pid"] == "SELF" for p in g0.get("processes", []))
     r.checks["memory_stats keys as the synthetic fixture has them"] = not missing_core
     r.checks["reserved >= allocated at every moment"] = all(
-        s.get("reserved_bytes.all.current", 0) >= s.get("allocated_bytes.all.current", 0) for s in stats.values())
+        s.get("reserved_bytes.all.current", 0) >= s.get("allocated_bytes.all.current", 0) for s in stats.values()
+    )
     r.checks["allocated grows from idle to under load"] = (
-        stats["load"]["allocated_bytes.all.current"] > stats["idle"]["allocated_bytes.all.current"])
+        stats["load"]["allocated_bytes.all.current"] > stats["idle"]["allocated_bytes.all.current"]
+    )
     return r
 
 
@@ -292,8 +324,7 @@ class NvmlPoller:
     def mark(self) -> tuple[int | None, int | None]:
         """(this pid's peak or None when NVML does not list it, device used peak - baseline); resets."""
         with self._lock:
-            got = (self.proc_peak if self.listed else None,
-                   max(0, self.used_peak - self.baseline) if self.up else None)
+            got = (self.proc_peak if self.listed else None, max(0, self.used_peak - self.baseline) if self.up else None)
             self.proc_peak = self.used_peak = 0
         return got
 
@@ -306,14 +337,31 @@ class NvmlPoller:
 
 def sweep_cmd(work: Path, batches: Sequence[int], step_s: float) -> list[str]:
     """The seed article's table through soakd sweep: closed loop at twice each max batch size."""
-    return soakd("sweep", "--model", "builtin:convnet", "--device", DEVICE, "--input-shapes", SHAPE,
-                 "--max-batch-size", ",".join(map(str, batches)), "--concurrency", "2x",
-                 "--step-duration", f"{step_s:g}s", "--warmup", "50", "--json", str(work / "sweep.json"),
-                 "--state-dir", str(work / "sweep-state"))
+    return soakd(
+        "sweep",
+        "--model",
+        "builtin:convnet",
+        "--device",
+        DEVICE,
+        "--input-shapes",
+        SHAPE,
+        "--max-batch-size",
+        ",".join(map(str, batches)),
+        "--concurrency",
+        "2x",
+        "--step-duration",
+        f"{step_s:g}s",
+        "--warmup",
+        "50",
+        "--json",
+        str(work / "sweep.json"),
+        "--state-dir",
+        str(work / "sweep-state"),
+    )
 
 
 def sweep_marker(line: str) -> str | None:
-    """"start" for soakd sweep's log line before its first step, "step" for the line that ends a step."""
+    """ "start" for soakd sweep's log line before its first step, "step" for the line that ends a step."""
     if "soakd.sweep: sweep:" in line:
         return "start"
     if re.search(r"soakd\.sweep: step \d+ ", line):
@@ -321,14 +369,14 @@ def sweep_marker(line: str) -> str | None:
     return None
 
 
-def run_sweep(work: Path, batches: Sequence[int], step_s: float
-              ) -> tuple[dict[str, Any], list[tuple[int | None, int | None]]]:
+def run_sweep(
+    work: Path, batches: Sequence[int], step_s: float
+) -> tuple[dict[str, Any], list[tuple[int | None, int | None]]]:
     """``soakd sweep`` in a child; NVML's peak for the child between its step log lines."""
     out = work / "sweep.json"
     cmd = sweep_cmd(work, batches, step_s)
     say(" ".join(cmd))
-    proc = subprocess.Popen(cmd, cwd=work, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(cmd, cwd=work, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     poller = NvmlPoller(proc.pid)
     peaks: list[tuple[int | None, int | None]] = []
@@ -353,8 +401,22 @@ def run_sweep(work: Path, batches: Sequence[int], step_s: float
 def helper(name: str, work: Path, batches: Sequence[int], seconds: float) -> dict[str, Any]:
     """The offline loop or the seed harness, in a process of its own."""
     out = work / f"{name}.json"
-    cmd = [sys.executable, "-m", "bench.gpu_steps", name, "--batches", ",".join(map(str, batches)),
-           "--seconds", str(seconds), "--json", str(out), "--device", DEVICE, "--shape", SHAPE]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.gpu_steps",
+        name,
+        "--batches",
+        ",".join(map(str, batches)),
+        "--seconds",
+        str(seconds),
+        "--json",
+        str(out),
+        "--device",
+        DEVICE,
+        "--shape",
+        SHAPE,
+    ]
     say(" ".join(cmd))
     subprocess.run(cmd, cwd=REPO, env=child_env(), timeout=60, check=True)
     return dict(json.loads(out.read_text()))
@@ -370,19 +432,27 @@ def step_table(out: Path, work: Path) -> Result:
         b = str(s["max_batch_size"])
         proc_peak, used_peak = peaks[i] if i < len(peaks) else (None, None)
         off = offline.get(b, {}).get("img_per_s")
-        rows.append({
-            "max_batch_size": s["max_batch_size"], "concurrency": s["concurrency"],
-            "soakd_rps": s["throughput_rps"], "soakd_p50_ms": s["p50_ms"], "soakd_p99_ms": s["p99_ms"],
-            "mean_batch": s["mean_batch_size"],
-            "torch_reserved_peak_mib": None if s["peak_gpu_memory_bytes"] is None
-            else round(s["peak_gpu_memory_bytes"] / MiB, 1),
-            "nvml_process_peak_mib": None if proc_peak is None else round(proc_peak / MiB, 1),
-            "nvml_device_used_peak_mib": None if used_peak is None else round(used_peak / MiB, 1),
-            "bottleneck": s["bottleneck"], "stable": s["stable"],
-            "offline_img_per_s": off,
-            "seed_img_per_s": seed.get(b, {}).get("img_per_s"), "seed_p99_ms": seed.get(b, {}).get("p99_ms"),
-            "soakd_over_offline": round(s["throughput_rps"] / off, 3) if off else None,
-        })
+        rows.append(
+            {
+                "max_batch_size": s["max_batch_size"],
+                "concurrency": s["concurrency"],
+                "soakd_rps": s["throughput_rps"],
+                "soakd_p50_ms": s["p50_ms"],
+                "soakd_p99_ms": s["p99_ms"],
+                "mean_batch": s["mean_batch_size"],
+                "torch_reserved_peak_mib": None
+                if s["peak_gpu_memory_bytes"] is None
+                else round(s["peak_gpu_memory_bytes"] / MiB, 1),
+                "nvml_process_peak_mib": None if proc_peak is None else round(proc_peak / MiB, 1),
+                "nvml_device_used_peak_mib": None if used_peak is None else round(used_peak / MiB, 1),
+                "bottleneck": s["bottleneck"],
+                "stable": s["stable"],
+                "offline_img_per_s": off,
+                "seed_img_per_s": seed.get(b, {}).get("img_per_s"),
+                "seed_p99_ms": seed.get(b, {}).get("p99_ms"),
+                "soakd_over_offline": round(s["throughput_rps"] / off, 3) if off else None,
+            }
+        )
     r.figures["batch_table"] = rows
     r.figures["knee"] = (sweep.get("knee") or {}).get("max_batch_size")
     r.figures["recommendation"] = (sweep.get("recommendation") or {}).get("max_batch_size")
@@ -396,8 +466,7 @@ def offline_main(batches: Sequence[int], seconds: float, out: Path, device: str,
     from bench.core_throughput import offline_loop
 
     shape = tuple(int(v) for v in shape_text.split("x"))
-    res = {str(b): {"img_per_s": round(offline_loop("builtin:convnet", device, shape, b, seconds), 1)}
-           for b in batches}
+    res = {str(b): {"img_per_s": round(offline_loop("builtin:convnet", device, shape, b, seconds), 1)} for b in batches}
     out.write_text(json.dumps(res))
 
 
@@ -410,6 +479,7 @@ def seed_main(batches: Sequence[int], seconds: float, out: Path, device: str, sh
 
     model = load_model("builtin:convnet", device)
     shape = tuple(int(v) for v in shape_text.split("x"))
+
     def sync() -> None:
         if model.device.type == "cuda":
             torch.cuda.synchronize()
@@ -450,18 +520,24 @@ default = 2e9
 
 def soak_configs() -> dict[str, str]:
     """The four soaks of step 5 as soakd configs (seconds instead of hours, as tests/test_leak_live.py)."""
-    oom = ('[model]\nspec = "python:bench.gpu_models:planted_oom"\ndevice = "cuda"\nwarmup = 10\n'
-           '[model.options]\nevery = 25\nafter = 20\n[input]\nshapes = "' + SHAPE + '"\n'
-           '[load]\nconcurrency = 8\nduration = "25s"\n[memory]\ninterval = "0.5s"\n'
-           "[batcher]\nmax_batch_size = 4\nempty_cache_on_oom = {on}\n")
+    oom = (
+        '[model]\nspec = "python:bench.gpu_models:planted_oom"\ndevice = "cuda"\nwarmup = 10\n'
+        '[model.options]\nevery = 25\nafter = 20\n[input]\nshapes = "' + SHAPE + '"\n'
+        '[load]\nconcurrency = 8\nduration = "25s"\n[memory]\ninterval = "0.5s"\n'
+        "[batcher]\nmax_batch_size = 4\nempty_cache_on_oom = {on}\n"
+    )
     return {
-        "leak_cuda": ('[model]\nspec = "builtin:leak_cuda"\ndevice = "cuda"\nwarmup = 2\n'
-                      "[model.options]\nmib_per_s = 50.0\nmax_mib = 4000\n"
-                      '[load]\nconcurrency = 2\nduration = "40s"\n[memory]\ninterval = "0.2s"\n' + FAST_LEAK),
-        "fragment_cuda": ('[model]\nspec = "builtin:fragment_cuda"\ndevice = "cuda"\nwarmup = 2\n'
-                          "[model.options]\nkeep = 64\n"
-                          '[load]\nconcurrency = 2\nduration = "40s"\n'
-                          '[memory]\ninterval = "0.5s"\nsnapshot_interval = "2s"\n' + FAST_LEAK),
+        "leak_cuda": (
+            '[model]\nspec = "builtin:leak_cuda"\ndevice = "cuda"\nwarmup = 2\n'
+            "[model.options]\nmib_per_s = 50.0\nmax_mib = 4000\n"
+            '[load]\nconcurrency = 2\nduration = "40s"\n[memory]\ninterval = "0.2s"\n' + FAST_LEAK
+        ),
+        "fragment_cuda": (
+            '[model]\nspec = "builtin:fragment_cuda"\ndevice = "cuda"\nwarmup = 2\n'
+            "[model.options]\nkeep = 64\n"
+            '[load]\nconcurrency = 2\nduration = "40s"\n'
+            '[memory]\ninterval = "0.5s"\nsnapshot_interval = "2s"\n' + FAST_LEAK
+        ),
         "oom_empty_cache_off": oom.format(on="false"),
         "oom_empty_cache_on": oom.format(on="true"),
     }
@@ -521,8 +597,11 @@ def _first(points: Sequence[tuple[float, float]], pred: Callable[[float], bool])
 def leak_figures(s: Soak, r: Result) -> None:
     flagged = s.series("soakd_leak_suspected", series="torch_cuda_allocated")
     r.figures["leak_cuda.seconds_to_flag"] = _first(flagged, lambda v: v == 1)
-    r.figures["leak_cuda.slope_gib_per_hour"] = None if (v := s.last(
-        "soakd_leak_slope_bytes_per_hour", series="torch_cuda_allocated")) is None else round(v / 2**30, 2)
+    r.figures["leak_cuda.slope_gib_per_hour"] = (
+        None
+        if (v := s.last("soakd_leak_slope_bytes_per_hour", series="torch_cuda_allocated")) is None
+        else round(v / 2**30, 2)
+    )
     r.checks["leak_cuda: torch_cuda_allocated flagged"] = r.figures["leak_cuda.seconds_to_flag"] is not None
     snaps = sorted(s.state.glob("leak-torch_cuda_allocated-*.pickle"))
     r.figures["leak_cuda.snapshots"] = len(snaps)
@@ -544,20 +623,24 @@ def fragment_figures(s: Soak, baseline: Soak | None, r: Result) -> None:
     r.figures["fragment_cuda.inactive_split_ratio_first"] = round(ratio[0][1], 4) if ratio else None
     r.figures["fragment_cuda.inactive_split_ratio_peak"] = None if peak is None else round(peak, 4)
     r.figures["fragment_cuda.inactive_split_ratio_last"] = round(ratio[-1][1], 4) if ratio else None
-    for key, name in (("reserved_mib", "soakd_torch_cuda_reserved_bytes"),
-                      ("allocated_mib", "soakd_torch_cuda_allocated_bytes")):
+    for key, name in (
+        ("reserved_mib", "soakd_torch_cuda_reserved_bytes"),
+        ("allocated_mib", "soakd_torch_cuda_allocated_bytes"),
+    ):
         v = s.last(name, pool="all")
         r.figures[f"fragment_cuda.{key}"] = None if v is None else round(v / MiB, 1)
     v = s.last("soakd_torch_cuda_largest_free_block_bytes")
     r.figures["fragment_cuda.largest_free_block_mib"] = None if v is None else round(v / MiB, 2)
     base = None
     if baseline is not None:
-        base = max((v for _, v in baseline.series("soakd_torch_cuda_fragmentation_ratio", kind="inactive_split")),
-                   default=None)
+        base = max(
+            (v for _, v in baseline.series("soakd_torch_cuda_fragmentation_ratio", kind="inactive_split")), default=None
+        )
         r.figures["convnet_baseline.inactive_split_ratio_peak"] = None if base is None else round(base, 4)
     # 5% of reserved memory in split, free blocks: well above what a steady model leaves.
-    r.checks["fragment_cuda: inactive_split ratio raised"] = peak is not None and peak >= 0.05 and (
-        base is None or peak > base)
+    r.checks["fragment_cuda: inactive_split ratio raised"] = (
+        peak is not None and peak >= 0.05 and (base is None or peak > base)
+    )
 
 
 def oom_figures(s: Soak, r: Result) -> None:
@@ -580,7 +663,8 @@ def oom_figures(s: Soak, r: Result) -> None:
     r.figures[f"{n}.ok_after_first_oom"] = None if ok_at_oom is None or not ok else ok[-1][1] - ok_at_oom
     r.checks[f"{n}: outcome=oom counted"] = bool(req.get("oom")) and bool(r.figures[f"{n}.allocator_ooms"])
     r.checks[f"{n}: the run recovers (requests ok after the first OOM, exit 0)"] = (
-        (r.figures[f"{n}.ok_after_first_oom"] or 0) > 0 and s.proc is not None and s.proc.returncode == 0)
+        (r.figures[f"{n}.ok_after_first_oom"] or 0) > 0 and s.proc is not None and s.proc.returncode == 0
+    )
 
 
 def step_soaks(out: Path, work: Path, deadline_s: float = 90.0) -> Result:
@@ -659,10 +743,12 @@ def sync_costs(batches: Sequence[int] = (1, 8), seconds: float = 1.0) -> dict[st
                     torch.cuda.synchronize()
                     per = (time.perf_counter() - t0) / n
                     figures[mode] = min(figures.get(mode, per), per)
-            out[f"batch_{b}"] = {"ms_per_batch_sync_each": round(figures["sync_each"] * 1e3, 4),
-                                 "ms_per_batch_sync_end": round(figures["sync_end"] * 1e3, 4),
-                                 "sync_cost_us_per_batch": round((figures["sync_each"] - figures["sync_end"]) * 1e6, 2),
-                                 "batches": n}
+            out[f"batch_{b}"] = {
+                "ms_per_batch_sync_each": round(figures["sync_each"] * 1e3, 4),
+                "ms_per_batch_sync_end": round(figures["sync_end"] * 1e3, 4),
+                "sync_cost_us_per_batch": round((figures["sync_each"] - figures["sync_end"]) * 1e6, 2),
+                "batches": n,
+            }
     return out
 
 
@@ -681,8 +767,10 @@ def step_costs(out: Path, work: Path) -> Result:
     calls = gpu_call_costs(0, 500)
     r.figures["calls_us"] = calls
     m, series = Metrics(), SeriesStore(1_000_000)
-    for label, sampler in (("TorchCudaSampler.sample()", TorchCudaSampler(m, series, [0])),
-                           ("NvmlSampler.sample()", NvmlSampler(m, series))):
+    for label, sampler in (
+        ("TorchCudaSampler.sample()", TorchCudaSampler(m, series, [0])),
+        ("NvmlSampler.sample()", NvmlSampler(m, series)),
+    ):
         sampler.open()
         med, p99 = timings(sampler.sample, 500)
         sampler.close()
@@ -695,8 +783,12 @@ def step_costs(out: Path, work: Path) -> Result:
 # --------------------------------------------------------------------------- main
 
 STEP_FUNCS: dict[str, Callable[[Path, Path], Result]] = {
-    "env": step_env, "pytest": step_pytest, "fixtures": step_fixtures, "table": step_table,
-    "soaks": step_soaks, "costs": step_costs,
+    "env": step_env,
+    "pytest": step_pytest,
+    "fixtures": step_fixtures,
+    "table": step_table,
+    "soaks": step_soaks,
+    "costs": step_costs,
 }
 
 

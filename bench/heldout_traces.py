@@ -145,16 +145,18 @@ def _creep_wander(rng: np.random.Generator, t: Array, dt: float) -> tuple[Array,
     return _leak(rng, t, 0.0, r) + w, 0.0, r, info
 
 
-def _faint_under_wander(rng: np.random.Generator, t: Array,
-                        dt: float) -> tuple[Array, float | None, float, dict[str, float]]:
+def _faint_under_wander(
+    rng: np.random.Generator, t: Array, dt: float
+) -> tuple[Array, float | None, float, dict[str, float]]:
     """The hard case the issue names: about 5 MiB/h under several MiB of slow wander."""
     r = rng.uniform(4, 6) * MIB
     sd, tau = rng.uniform(3, 6) * MIB, rng.uniform(10, 40) * M
     return _leak(rng, t, 0.0, r) + ou(rng, t.size, dt, sd, tau), 0.0, r, {"wander_mib": sd / MIB, "tau_min": tau / M}
 
 
-def _creep_sawtooth(rng: np.random.Generator, t: Array,
-                    dt: float) -> tuple[Array, float | None, float, dict[str, float]]:
+def _creep_sawtooth(
+    rng: np.random.Generator, t: Array, dt: float
+) -> tuple[Array, float | None, float, dict[str, float]]:
     r = _rate(rng)
     s, _, _, info = _sawtooth(rng, t, dt)
     return _leak(rng, t, 0.0, r) + s, 0.0, r, info
@@ -174,24 +176,37 @@ def _staircase(rng: np.random.Generator, t: Array, dt: float) -> tuple[Array, fl
 def _late_leak(rng: np.random.Generator, t: Array, dt: float) -> tuple[Array, float | None, float, dict[str, float]]:
     r = _rate(rng)
     start = rng.uniform(0.1, 0.8) * t[-1]
-    extra = ou(rng, t.size, dt, rng.uniform(1, 5) * MIB, rng.uniform(5, 30) * M) if rng.uniform() < 0.5 else \
-        gc_sawtooth(rng, t, rng.uniform(4, 100) * MIB, rng.uniform(2, 20) * M)
+    extra = (
+        ou(rng, t.size, dt, rng.uniform(1, 5) * MIB, rng.uniform(5, 30) * M)
+        if rng.uniform() < 0.5
+        else gc_sawtooth(rng, t, rng.uniform(4, 100) * MIB, rng.uniform(2, 20) * M)
+    )
     return _leak(rng, t, start, r) + extra, start, r, {"start_h": start / H}
 
 
-def _leak_after_warmup(rng: np.random.Generator, t: Array,
-                       dt: float) -> tuple[Array, float | None, float, dict[str, float]]:
+def _leak_after_warmup(
+    rng: np.random.Generator, t: Array, dt: float
+) -> tuple[Array, float | None, float, dict[str, float]]:
     r = _rate(rng)
     return saturating(rng, t) + _leak(rng, t, 0.0, r), 0.0, r, {}
 
 
 LEAK_FREE: dict[str, Shape] = {
-    "white": _white, "wander": _wander, "diurnal": _diurnal, "allocator_plateaus": _plateaus,
-    "late_step": _late_step, "gc_sawtooth": _sawtooth, "warmup": _warmup,
+    "white": _white,
+    "wander": _wander,
+    "diurnal": _diurnal,
+    "allocator_plateaus": _plateaus,
+    "late_step": _late_step,
+    "gc_sawtooth": _sawtooth,
+    "warmup": _warmup,
 }
 LEAKING: dict[str, Shape] = {
-    "creep_white": _creep_white, "creep_wander": _creep_wander, "faint_under_wander": _faint_under_wander,
-    "creep_sawtooth": _creep_sawtooth, "staircase": _staircase, "late_leak": _late_leak,
+    "creep_white": _creep_white,
+    "creep_wander": _creep_wander,
+    "faint_under_wander": _faint_under_wander,
+    "creep_sawtooth": _creep_sawtooth,
+    "staircase": _staircase,
+    "late_leak": _late_leak,
     "leak_after_warmup": _leak_after_warmup,
 }
 SHAPES: dict[str, Shape] = {**LEAK_FREE, **LEAKING}

@@ -77,26 +77,34 @@ def report(name: str, rows: list[Outcome]) -> None:
     for shape, rs in by.items():
         if rs[0].leaking:
             tt = [o.ttv for o in rs if o.ttv is not None]
-            print(f"{shape:<20}{'leak':<10}{'':>8}{'':>8}{pct(sum(o.detected for o in rs), len(rs)):>10}"
-                  f"{median_min(tt):>12}")
+            print(
+                f"{shape:<20}{'leak':<10}{'':>8}{'':>8}{pct(sum(o.detected for o in rs), len(rs)):>10}"
+                f"{median_min(tt):>12}"
+            )
         else:
-            print(f"{shape:<20}{'leak-free':<10}{pct(sum(o.final for o in rs), len(rs)):>8}"
-                  f"{pct(sum(o.ever for o in rs), len(rs)):>8}")
+            print(
+                f"{shape:<20}{'leak-free':<10}{pct(sum(o.final for o in rs), len(rs)):>8}"
+                f"{pct(sum(o.ever for o in rs), len(rs)):>8}"
+            )
     free = [o for o in rows if not o.leaking]
     leak = [o for o in rows if o.leaking]
     if free:
         worst = max(by, key=lambda s: sum(o.ever for o in by[s]) / len(by[s]) if not by[s][0].leaking else -1)
-        print(f"false alarms (n={len(free)}): final {pct(sum(o.final for o in free), len(free))}, ever "
-              f"{pct(sum(o.ever for o in free), len(free))} (worst {worst}: "
-              f"{pct(sum(o.ever for o in by[worst]), len(by[worst]))})")
+        print(
+            f"false alarms (n={len(free)}): final {pct(sum(o.final for o in free), len(free))}, ever "
+            f"{pct(sum(o.ever for o in free), len(free))} (worst {worst}: "
+            f"{pct(sum(o.ever for o in by[worst]), len(by[worst]))})"
+        )
     if leak:
         worst = min(by, key=lambda s: sum(o.detected for o in by[s]) / len(by[s]) if by[s][0].leaking else 2)
         strong = [o.ttv for o in leak if o.ttv is not None and o.rate >= 100 * MIB]
         mid = [o.ttv for o in leak if o.ttv is not None and 15 * MIB <= o.rate <= 27 * MIB]
-        print(f"detection within 6 h (n={len(leak)}): {pct(sum(o.detected for o in leak), len(leak))} "
-              f"(worst {worst}: {pct(sum(o.detected for o in by[worst]), len(by[worst]))}); median time to "
-              f"verdict: all {median_min([o.ttv for o in leak if o.ttv is not None]).strip()}, >=100 MiB/h "
-              f"{median_min(strong).strip()} (n={len(strong)}), 15-27 MiB/h {median_min(mid).strip()} (n={len(mid)})")
+        print(
+            f"detection within 6 h (n={len(leak)}): {pct(sum(o.detected for o in leak), len(leak))} "
+            f"(worst {worst}: {pct(sum(o.detected for o in by[worst]), len(by[worst]))}); median time to "
+            f"verdict: all {median_min([o.ttv for o in leak if o.ttv is not None]).strip()}, >=100 MiB/h "
+            f"{median_min(strong).strip()} (n={len(strong)}), 15-27 MiB/h {median_min(mid).strip()} (n={len(mid)})"
+        )
         missed = [f"{o.shape}#{o.seed}({o.rate / MIB:.0f})" for o in leak if not o.detected]
         if missed:
             print("missed:", ", ".join(missed[:30]))
@@ -108,8 +116,13 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--step", type=float, default=300.0, help="seconds of trace between looks")
     ap.add_argument("--corpus", choices=("heldout", "tuning", "both"), default="both")
-    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="override a DetectorParams field, e.g. --set alpha=0.005")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a DetectorParams field, e.g. --set alpha=0.005",
+    )
     ap.add_argument("--floor", type=float, default=DEFAULT_FLOOR_BYTES_PER_HOUR, help="bytes/hour")
     ns = ap.parse_args()
     params = DetectorParams(**{k: float(v) for k, v in (item.split("=", 1) for item in ns.set)})
@@ -121,8 +134,10 @@ def main() -> int:
     t0 = time.perf_counter()
     with ProcessPoolExecutor(ns.jobs) as pool:
         out = list(pool.map(judge_one, work, chunksize=4))
-    print(f"leak detection: {len(out)} traces of 6 h at 10 s, {ns.seeds} per shape, a look every "
-          f"{ns.step / 60:.0f} min; {params}; floor {ns.floor / MIB:.1f} MiB/h")
+    print(
+        f"leak detection: {len(out)} traces of 6 h at 10 s, {ns.seeds} per shape, a look every "
+        f"{ns.step / 60:.0f} min; {params}; floor {ns.floor / MIB:.1f} MiB/h"
+    )
     for name in ("tuning", "heldout"):
         rows = [o for o in out if o.corpus == name]
         if rows:

@@ -97,9 +97,11 @@ def main() -> int:
         frees = list(pool.map(free_run, fwork, chunksize=2))
     elapsed = time.perf_counter() - t0
 
-    print(f"leak power: {ns.seeds} traces per cell, 10 s samples, a look every {ns.step / 60:.0f} min, "
-          f"default [leak] settings (warm-up floor {params.warmup / 60:.0f} min, alpha {params.alpha} per 24 h, "
-          f"floor 2 MiB/h)")
+    print(
+        f"leak power: {ns.seeds} traces per cell, 10 s samples, a look every {ns.step / 60:.0f} min, "
+        f"default [leak] settings (warm-up floor {params.warmup / 60:.0f} min, alpha {params.alpha} per 24 h, "
+        f"floor 2 MiB/h)"
+    )
     print("cell: detected share / median minutes from leak start to verdict (- : none detected)\n")
     head = "| MiB/h | noise | " + " | ".join(f"{h:g} h" for h in lengths) + " |"
     print(head)

@@ -81,12 +81,18 @@ def child_build(out_dir: str, device: str, shape: tuple[int, ...]) -> dict[str, 
         "torchscript": f"torchscript:{save_torchscript(d / 'enc.pt')}",
         "export": f"export:{save_export(d / 'enc.pt2', dev, shape)}",
     }
-    return {"device": dev, "specs": specs, "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "cuda_name": torch.cuda.get_device_name() if dev.startswith("cuda") else None}
+    return {
+        "device": dev,
+        "specs": specs,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cuda_name": torch.cuda.get_device_name() if dev.startswith("cuda") else None,
+    }
 
 
-def child_offline(spec: str, device: str, shape: tuple[int, ...], batch: int, warmup: int,
-                  seconds: float) -> dict[str, Any]:
+def child_offline(
+    spec: str, device: str, shape: tuple[int, ...], batch: int, warmup: int, seconds: float
+) -> dict[str, Any]:
     """The model alone: warmed up and run on this thread, one input reused, synchronised per call."""
     import torch
 
@@ -109,8 +115,9 @@ def child_offline(spec: str, device: str, shape: tuple[int, ...], batch: int, wa
         return {"rps": n / (time.perf_counter() - t0)}
 
 
-def child_seed(spec: str, device: str, shape: tuple[int, ...], batch: int, warmup: int, seconds: float,
-               rate_hint: float) -> dict[str, Any]:
+def child_seed(
+    spec: str, device: str, shape: tuple[int, ...], batch: int, warmup: int, seconds: float, rate_hint: float
+) -> dict[str, Any]:
     """The seed article's harness on the same model: SEED_THREADS threads, one pre-made tensor."""
     from bench.seed_harness import LocalInferenceBenchmarker
     from soakd.models.loader import load_model
@@ -137,8 +144,19 @@ def soakd_run(work: Path, flags: list[str], config: str = "", timeout: float = 6
     (seconds per run on a busy 2-core box)."""
     run = tempfile.mkdtemp(dir=work)
     summary = Path(run) / "summary.json"
-    cmd = [sys.executable, "-m", "soakd", "run", "--metrics-addr", "127.0.0.1:0", "--state-dir",
-           str(Path(run) / "state"), "--summary-json", str(summary), *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "soakd",
+        "run",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--state-dir",
+        str(Path(run) / "state"),
+        "--summary-json",
+        str(summary),
+        *flags,
+    ]
     if config:
         (Path(run) / "soak.toml").write_text(config)
         cmd += ["--config", str(Path(run) / "soak.toml")]
@@ -167,9 +185,28 @@ def soakd_model(work: Path, spec: str, device: str, shape: str, load: Load, warm
         [batcher]
         instances = {load.instances}
     """)
-    s = soakd_run(work, ["--model", spec, "--device", device, "--input-shapes", shape, "--warmup", str(warmup),
-                         "--concurrency", str(load.concurrency), "--max-batch-size", str(load.batch),
-                         "--max-queue-delay-ms", str(load.delay_ms), "--duration", f"{seconds}s"], config)
+    s = soakd_run(
+        work,
+        [
+            "--model",
+            spec,
+            "--device",
+            device,
+            "--input-shapes",
+            shape,
+            "--warmup",
+            str(warmup),
+            "--concurrency",
+            str(load.concurrency),
+            "--max-batch-size",
+            str(load.batch),
+            "--max-queue-delay-ms",
+            str(load.delay_ms),
+            "--duration",
+            f"{seconds}s",
+        ],
+        config,
+    )
     return float(s["throughput_rps"])
 
 
@@ -190,9 +227,13 @@ def main() -> int:
     ap.add_argument("--shape", default="3x224x224")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up calls, both sides (20; quick 5)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="OMP_NUM_THREADS for every process (default: torch's own); 1 takes OpenMP out of the "
-                         "comparison, e.g. on a machine shared with other load")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="OMP_NUM_THREADS for every process (default: torch's own); 1 takes OpenMP out of the "
+        "comparison, e.g. on a machine shared with other load",
+    )
     ap.add_argument("--noop-seconds", type=float, default=None, help="seconds per builtin:noop run (5; quick 2)")
     ap.add_argument("--rates", default="20000,50000,100000", help="open-loop Poisson rates, req/s ('' to skip)")
     ap.add_argument("--no-ceiling", action="store_true", help="skip the builtin:noop closed-loop ceiling")
@@ -206,12 +247,20 @@ def main() -> int:
             out = child_build(rest[0], rest[1], tuple(int(d) for d in rest[2].split("x")))
         elif kind == "offline":
             spec, device, shape, batch, warmup, seconds = rest
-            out = child_offline(spec, device, tuple(int(d) for d in shape.split("x")), int(batch), int(warmup),
-                                float(seconds))
+            out = child_offline(
+                spec, device, tuple(int(d) for d in shape.split("x")), int(batch), int(warmup), float(seconds)
+            )
         else:
             spec, device, shape, batch, warmup, seconds, hint = rest
-            out = child_seed(spec, device, tuple(int(d) for d in shape.split("x")), int(batch), int(warmup),
-                             float(seconds), float(hint))
+            out = child_seed(
+                spec,
+                device,
+                tuple(int(d) for d in shape.split("x")),
+                int(batch),
+                int(warmup),
+                float(seconds),
+                float(hint),
+            )
         print(json.dumps(out))
         return 0
 
@@ -236,8 +285,11 @@ def main() -> int:
         built = run_child("build", tmp, args.device, args.shape)
         dev = built["device"]
         where = built["cuda_name"] or f"cpu, {os.cpu_count()} cores, torch threads {built['threads']}"
-        print(f"device {dev} ({where}), torch {built['torch']}; {seconds:g} s per model row, {args.rounds} rounds, "
-              f"warm-up {args.warmup}, each figure its own process; shape {args.shape}", flush=True)
+        print(
+            f"device {dev} ({where}), torch {built['torch']}; {seconds:g} s per model row, {args.rounds} rounds, "
+            f"warm-up {args.warmup}, each figure its own process; shape {args.shape}",
+            flush=True,
+        )
 
         # 1. soakd against each model's offline loop.
         rows = []
@@ -252,15 +304,27 @@ def main() -> int:
                     offline.append(off["rps"])
                     soak.append(soakd_model(work, spec, dev, args.shape, load, args.warmup, seconds))
                     if kind in seeded:
-                        seed.append(run_child("seed", spec, dev, args.shape, str(load.batch), str(args.warmup),
-                                              str(seconds), str(off["rps"]))["rps"])
+                        seed.append(
+                            run_child(
+                                "seed",
+                                spec,
+                                dev,
+                                args.shape,
+                                str(load.batch),
+                                str(args.warmup),
+                                str(seconds),
+                                str(off["rps"]),
+                            )["rps"]
+                        )
                 row = {"model": kind, "spec": spec, "load": load.name, "offline": offline, "soakd": soak, "seed": seed}
                 rows.append(row)
                 record["rows"].append(row)
                 off_m, soak_m = statistics.median(offline), statistics.median(soak)
-                line = (f"  {kind:<12} {load.name:<8} offline {off_m:9.1f}  soakd {soak_m:9.1f}  "
-                        f"soakd/offline {soak_m / off_m:6.3f}   rounds offline [{fmt_rounds(offline)}] "
-                        f"soakd [{fmt_rounds(soak)}]")
+                line = (
+                    f"  {kind:<12} {load.name:<8} offline {off_m:9.1f}  soakd {soak_m:9.1f}  "
+                    f"soakd/offline {soak_m / off_m:6.3f}   rounds offline [{fmt_rounds(offline)}] "
+                    f"soakd [{fmt_rounds(soak)}]"
+                )
                 if seed:
                     line += f" seed [{fmt_rounds(seed)}]"
                 print(line, flush=True)
@@ -269,22 +333,66 @@ def main() -> int:
         ceiling: list[float] = []
         if not args.no_ceiling:
             for _ in range(args.rounds):
-                s = soakd_run(work, ["--model", "builtin:noop", "--device", dev, "--input-shapes", "16",
-                                     "--warmup", "10", "--concurrency", "4096", "--max-batch-size", "1024",
-                                     "--max-queue-delay-ms", "1", "--duration", f"{noop_s}s"])
+                s = soakd_run(
+                    work,
+                    [
+                        "--model",
+                        "builtin:noop",
+                        "--device",
+                        dev,
+                        "--input-shapes",
+                        "16",
+                        "--warmup",
+                        "10",
+                        "--concurrency",
+                        "4096",
+                        "--max-batch-size",
+                        "1024",
+                        "--max-queue-delay-ms",
+                        "1",
+                        "--duration",
+                        f"{noop_s}s",
+                    ],
+                )
                 ceiling.append(float(s["throughput_rps"]))
             record["ceiling"] = ceiling
 
         # 3. Open loop: builtin:noop under Poisson arrivals.
         opens = []
         for rate in [float(r) for r in args.rates.split(",") if r]:
-            s = soakd_run(work, ["--model", "builtin:noop", "--device", dev, "--input-shapes", "16", "--warmup", "10",
-                                 "--rate", f"{rate:g}", "--arrival", "poisson", "--max-batch-size", "1024",
-                                 "--max-queue-delay-ms", "1", "--duration", f"{noop_s}s"])
+            s = soakd_run(
+                work,
+                [
+                    "--model",
+                    "builtin:noop",
+                    "--device",
+                    dev,
+                    "--input-shapes",
+                    "16",
+                    "--warmup",
+                    "10",
+                    "--rate",
+                    f"{rate:g}",
+                    "--arrival",
+                    "poisson",
+                    "--max-batch-size",
+                    "1024",
+                    "--max-queue-delay-ms",
+                    "1",
+                    "--duration",
+                    f"{noop_s}s",
+                ],
+            )
             req = s["requests"]
-            item = {"rate": rate, "achieved": float(s["throughput_rps"]), "offered": float(s.get("offered_rps", 0.0)),
-                    "lag_p99_ms": float(s["schedule_lag_ms"]["p99"]), "lag_max_ms": float(s["schedule_lag_ms"]["max"]),
-                    "dropped": int(req.get("dropped", 0)), "ok": int(req.get("ok", 0))}
+            item = {
+                "rate": rate,
+                "achieved": float(s["throughput_rps"]),
+                "offered": float(s.get("offered_rps", 0.0)),
+                "lag_p99_ms": float(s["schedule_lag_ms"]["p99"]),
+                "lag_max_ms": float(s["schedule_lag_ms"]["max"]),
+                "dropped": int(req.get("dropped", 0)),
+                "ok": int(req.get("ok", 0)),
+            }
             opens.append(item)
             record["open_loop"].append(item)
 
@@ -300,20 +408,26 @@ def main() -> int:
         print(f"  {row['model']:<12} {row['load']:<8} {off_m:9.1f} {soak_m:9.1f} {soak_m / off_m:9.3f} {seed_cols}")
     if ceiling:
         med = statistics.median(ceiling)
-        print(f"\nbuiltin:noop ceiling, concurrency 4096, batch 1024: {med:,.0f} req/s "
-              f"(rounds {fmt_rounds(ceiling)}); ratio to goal 300,000: {med / 300_000:.3f}")
+        print(
+            f"\nbuiltin:noop ceiling, concurrency 4096, batch 1024: {med:,.0f} req/s "
+            f"(rounds {fmt_rounds(ceiling)}); ratio to goal 300,000: {med / 300_000:.3f}"
+        )
     if opens:
         print(f"\nopen loop, builtin:noop, Poisson, {noop_s:g} s each (goal: achieved within 1%, lag p99 < 1 ms)")
-        print(f"  {'rate':>9} {'achieved':>10} {'ach/rate':>9} {'offered/rate':>12} {'lag p99 ms':>11}"
-              f" {'lag max ms':>11} {'dropped':>8}  holds")
+        print(
+            f"  {'rate':>9} {'achieved':>10} {'ach/rate':>9} {'offered/rate':>12} {'lag p99 ms':>11}"
+            f" {'lag max ms':>11} {'dropped':>8}  holds"
+        )
         held = 0.0
         for o in opens:
             ok = o["achieved"] / o["rate"] >= 0.99 and o["lag_p99_ms"] < 1.0
             if ok:
                 held = max(held, o["rate"])
-            print(f"  {o['rate']:9.0f} {o['achieved']:10.1f} {o['achieved'] / o['rate']:9.4f}"
-                  f" {o['offered'] / o['rate']:12.4f} {o['lag_p99_ms']:11.3f} {o['lag_max_ms']:11.3f}"
-                  f" {o['dropped']:8d}  {'yes' if ok else 'no'}")
+            print(
+                f"  {o['rate']:9.0f} {o['achieved']:10.1f} {o['achieved'] / o['rate']:9.4f}"
+                f" {o['offered'] / o['rate']:12.4f} {o['lag_p99_ms']:11.3f} {o['lag_max_ms']:11.3f}"
+                f" {o['dropped']:8d}  {'yes' if ok else 'no'}"
+            )
         print(f"  highest rate that holds: {held:,.0f} req/s" if held else "  no rate tried holds")
     print(f"\n(bench ran {time.monotonic() - t_start:.0f} s)")
     if args.json:

@@ -67,8 +67,16 @@ def stage_shares(seconds: float, workers: int, concurrency: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i, (w, h) in enumerate(RESOLUTIONS * 3):
             Path(tmp, f"{i:02d}.jpg").write_bytes(encoded(w + i, h, "JPEG"))
-        cfg = load_config(None, {"model.spec": "builtin:convnet", "model.device": "cpu", "input.samples": tmp,
-                                 "input.preprocess_workers": workers, "load.concurrency": concurrency})
+        cfg = load_config(
+            None,
+            {
+                "model.spec": "builtin:convnet",
+                "model.device": "cpu",
+                "input.samples": tmp,
+                "input.preprocess_workers": workers,
+                "load.concurrency": concurrency,
+            },
+        )
         model = load_model(cfg.model.spec, "cpu")
         source = build_source(cfg, model.default_shape, model.dtype)
         target = LocalModelTarget(model.fn, model.device)
@@ -80,9 +88,11 @@ def stage_shares(seconds: float, workers: int, concurrency: int) -> None:
         stats = engine.stats()
     means = {s: h.mean() * 1e3 for s, h in stats.stages.items()}
     e2e = means["e2e"]
-    print(f"\nbuiltin:convnet on CPU, JPEG samples {RESOLUTIONS[0][0]}x{RESOLUTIONS[0][1]}.."
-          f"{RESOLUTIONS[-1][0]}x{RESOLUTIONS[-1][1]} -> 224x224, concurrency {concurrency}, "
-          f"{workers} preprocess workers, torch threads {torch.get_num_threads()}")
+    print(
+        f"\nbuiltin:convnet on CPU, JPEG samples {RESOLUTIONS[0][0]}x{RESOLUTIONS[0][1]}.."
+        f"{RESOLUTIONS[-1][0]}x{RESOLUTIONS[-1][1]} -> 224x224, concurrency {concurrency}, "
+        f"{workers} preprocess workers, torch threads {torch.get_num_threads()}"
+    )
     mean_batch = engine.batch_size_summary()["mean"]
     print(f"  {stats.completed['ok'] / stats.elapsed:.1f} req/s; mean batch {mean_batch:.2f}")
     print(f"  {'stage':<12}{'mean ms':>10}{'share of e2e':>14}")

@@ -53,9 +53,27 @@ def main() -> int:
         opts = f"[model.options]\nmib_per_s = {ns.mib_per_s}\n" if ns.mib_per_s is not None else ""
         cfg.write_text(f'[model]\nspec = "{ns.model}"\nwarmup = 2\n{opts}')
         state = Path(tmp) / "state"
-        subprocess.run([sys.executable, "-m", "soakd", "run", "--config", str(cfg), "--rate", ns.rate,
-                        "--duration", ns.duration, "--memory-interval", "1s", "--metrics-addr", "127.0.0.1:0",
-                        "--state-dir", str(state)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "soakd",
+                "run",
+                "--config",
+                str(cfg),
+                "--rate",
+                ns.rate,
+                "--duration",
+                ns.duration,
+                "--memory-interval",
+                "1s",
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--state-dir",
+                str(state),
+            ],
+            check=True,
+        )
         print("\n".join(map(str, export(state / "soakd.db", ns.name))))
     return 0
 

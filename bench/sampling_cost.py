@@ -51,9 +51,14 @@ def us(v: float) -> str:
 
 
 def default_samplers(metrics: Metrics, series: SeriesStore, devices: list[int]) -> list[Sampler]:
-    return [HostSampler(metrics, series), UssSampler(metrics, series), MallocSampler(metrics, series),
-            GcSampler(metrics),
-            TorchCudaSampler(metrics, series, devices), NvmlSampler(metrics, series)]
+    return [
+        HostSampler(metrics, series),
+        UssSampler(metrics, series),
+        MallocSampler(metrics, series),
+        GcSampler(metrics),
+        TorchCudaSampler(metrics, series, devices),
+        NvmlSampler(metrics, series),
+    ]
 
 
 def usable(samplers: list[Sampler]) -> list[Sampler]:
@@ -143,8 +148,7 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     model = load_model("builtin:convnet", "cuda" if cuda else "cpu")
     devices = [model.device.index or 0] if cuda else []
-    print(f"soakd sampling cost (torch {torch.__version__}, device {model.device}, "
-          f"{args.samples} samples each)")
+    print(f"soakd sampling cost (torch {torch.__version__}, device {model.device}, {args.samples} samples each)")
 
     metrics, series = Metrics(), SeriesStore(1_000_000)
     samplers = usable([*default_samplers(metrics, series, devices), TracemallocSampler(metrics)])
@@ -173,8 +177,10 @@ def main() -> None:
     interval = MemoryConfig().interval
     per_tick, live = core_share(devices, args.seconds, 0.05)
     share = per_tick / interval
-    print(f"\n3. share of one core at memory.interval = {interval:.0f}s: {share * 100:.4f}% "
-          f"({per_tick * 1e3:.2f} ms CPU per tick of {live} live sources, APScheduler included; goal < 1%)")
+    print(
+        f"\n3. share of one core at memory.interval = {interval:.0f}s: {share * 100:.4f}% "
+        f"({per_tick * 1e3:.2f} ms CPU per tick of {live} live sources, APScheduler included; goal < 1%)"
+    )
 
     if cuda:
         xs = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in [1 << 16, 3 << 20, 12 << 20] * 50]

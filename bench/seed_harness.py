@@ -17,8 +17,13 @@ import torch
 
 
 class LocalInferenceBenchmarker:
-    def __init__(self, model_fn: Callable[[torch.Tensor], Any], input_shape: tuple[int, ...],
-                 warmup_runs: int = 50, device: str = "cuda") -> None:
+    def __init__(
+        self,
+        model_fn: Callable[[torch.Tensor], Any],
+        input_shape: tuple[int, ...],
+        warmup_runs: int = 50,
+        device: str = "cuda",
+    ) -> None:
         self.model_fn = model_fn
         self.input_shape = input_shape
         self.warmup_runs = warmup_runs

@@ -109,8 +109,9 @@ def simulate(tmp: Path, days: float, series: int, interval: float) -> dict[str, 
     store.close()
     conn = sqlite3.connect(tmp / "sim" / DB_NAME)
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    counts = {tbl: conn.execute(f"SELECT COUNT(*) FROM {tbl}").fetchone()[0]
-              for tbl in ("samples", "windows", "events")}
+    counts = {
+        tbl: conn.execute(f"SELECT COUNT(*) FROM {tbl}").fetchone()[0] for tbl in ("samples", "windows", "events")
+    }
     conn.close()
     size = sum(p.stat().st_size for p in (tmp / "sim").glob(DB_NAME + "*"))
     return {"bytes": size, "wall_s": time.perf_counter() - wall0, **counts}
@@ -125,16 +126,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         per_sample, enqueue = cost_per_sample(tmp)
-        print(f"memory sample: {enqueue:.2f} µs to enqueue (sampler thread), "
-              f"{per_sample:.2f} µs enqueue+commit")
+        print(f"memory sample: {enqueue:.2f} µs to enqueue (sampler thread), {per_sample:.2f} µs enqueue+commit")
         per_window, bins = cost_per_window(tmp)
-        print(f"window row (3 stages, {bins:.0f} non-empty buckets): {per_window:.0f} µs per upsert "
-              f"(writer thread, every flush interval)")
+        print(
+            f"window row (3 stages, {bins:.0f} non-empty buckets): {per_window:.0f} µs per upsert "
+            f"(writer thread, every flush interval)"
+        )
         res = simulate(tmp, args.days, args.series, args.interval)
         written = args.days * 86400 / args.interval * args.series
-        print(f"simulated {args.days:g} days ({written:,.0f} samples, {args.days * 1440:,.0f} windows) in "
-              f"{res['wall_s']:.0f} s: state {res['bytes'] / 2**20:.1f} MiB (goal < 200 MB); rows kept: "
-              f"samples {res['samples']:,}, windows {res['windows']:,}, events {res['events']:,}")
+        print(
+            f"simulated {args.days:g} days ({written:,.0f} samples, {args.days * 1440:,.0f} windows) in "
+            f"{res['wall_s']:.0f} s: state {res['bytes'] / 2**20:.1f} MiB (goal < 200 MB); rows kept: "
+            f"samples {res['samples']:,}, windows {res['windows']:,}, events {res['events']:,}"
+        )
 
 
 if __name__ == "__main__":

@@ -33,18 +33,34 @@ def main() -> int:
         torch.set_num_threads(args.threads)  # on a busy small box, 1 avoids OpenMP threads fighting
     cuda = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
     shape = args.shape or ("3x224x224" if cuda else "3x16x16")
-    cfg = load_config(None, {"model.spec": "builtin:convnet", "model.device": args.device,
-                             "input.shapes": shape, "model.warmup": 50, "batcher.max_queue_delay_ms": 5.0})
+    cfg = load_config(
+        None,
+        {
+            "model.spec": "builtin:convnet",
+            "model.device": args.device,
+            "input.shapes": shape,
+            "model.warmup": 50,
+            "batcher.max_queue_delay_ms": 5.0,
+        },
+    )
     ns = argparse.Namespace(
-        sweep_concurrency=args.concurrency, sweep_rate=None,
+        sweep_concurrency=args.concurrency,
+        sweep_rate=None,
         sweep_max_batch_size=args.batch_sizes,
         step_duration=None if args.step_duration == "stable" else args.step_duration,
-        slo_p99_ms=args.slo_p99_ms, json_out=args.json, stability_tolerance=10.0, sweep_window="2s",
-        min_step="10s", max_step="60s",
+        slo_p99_ms=args.slo_p99_ms,
+        json_out=args.json,
+        stability_tolerance=10.0,
+        sweep_window="2s",
+        min_step="10s",
+        max_step="60s",
     )
     where = f"{'cuda' if cuda else 'cpu'} ({torch.get_num_threads()} CPU threads)"
-    print(f"builtin:convnet {shape} on {where}, closed loop "
-          f"concurrency {ns.sweep_concurrency}, max batch size {args.batch_sizes}", flush=True)
+    print(
+        f"builtin:convnet {shape} on {where}, closed loop "
+        f"concurrency {ns.sweep_concurrency}, max batch size {args.batch_sizes}",
+        flush=True,
+    )
     return sweep_command(cfg, ns)
 
 

@@ -46,11 +46,20 @@ from bench.models import save_torchscript
 WARMUP = 20
 BATCH = 8
 SHAPE = (3, 224, 224)
-CASES = ("same-main", "cross-thread", "same-thread", "same-main@GOMP_SPINCOUNT=100", "fresh-clone", "fresh-stack",
-         "staged-stack",
-         # Allocation cost alone, without any OpenMP team (so no spin policy) in the way:
-         "same-main@OMP_NUM_THREADS=1", "fresh-clone@OMP_NUM_THREADS=1", "fresh-stack@OMP_NUM_THREADS=1",
-         "staged-stack@OMP_NUM_THREADS=1")
+CASES = (
+    "same-main",
+    "cross-thread",
+    "same-thread",
+    "same-main@GOMP_SPINCOUNT=100",
+    "fresh-clone",
+    "fresh-stack",
+    "staged-stack",
+    # Allocation cost alone, without any OpenMP team (so no spin policy) in the way:
+    "same-main@OMP_NUM_THREADS=1",
+    "fresh-clone@OMP_NUM_THREADS=1",
+    "fresh-stack@OMP_NUM_THREADS=1",
+    "staged-stack@OMP_NUM_THREADS=1",
+)
 
 
 def load(model: str, encoder_path: str | None) -> Callable[[torch.Tensor], Any]:
@@ -121,6 +130,7 @@ def _case(case: str, fn: Callable[[torch.Tensor], Any], seconds: float) -> Rate:
         _warm(fn, x)
         rate = _on_thread(lambda: _timed(fn, lambda: x, seconds))
     elif case == "same-thread":
+
         def warm_then_time() -> tuple[float, float]:
             _warm(fn, x)
             return _timed(fn, lambda: x, seconds)
@@ -235,8 +245,10 @@ def main() -> int:
 
     info = child(["--child", "info"])
     print(info["parallel_info"].rstrip())
-    print(f"\ncores {info['cores']}, main thread get_num_threads {info['main_num_threads']}, "
-          f"interop {info['interop_threads']}")
+    print(
+        f"\ncores {info['cores']}, main thread get_num_threads {info['main_num_threads']}, "
+        f"interop {info['interop_threads']}"
+    )
     for key in ("new_thread", "thread_sets_1", "another_new_thread_after_that", "new_thread_after_main_set_1"):
         print(f"  {key:<32} get_num_threads before {info[key]['before']}  after {info[key]['after']}")
     print(f"  {'main_after_thread_set_1':<32} {info['main_after_thread_set_1']}")
@@ -255,16 +267,22 @@ def main() -> int:
                 for case in cases:
                     name, _, var = case.partition("@")  # CASE@VAR=VALUE: the case under that environment
                     extra = dict([var.split("=", 1)]) if var else None
-                    r = child(["--child", name, "--model", model, "--encoder-path", enc,
-                               "--seconds", str(args.seconds)], extra)
+                    r = child(
+                        ["--child", name, "--model", model, "--encoder-path", enc, "--seconds", str(args.seconds)],
+                        extra,
+                    )
                     rps[case].append(r["rps"])
                     cpu[case].append(r["cpu_ms_per_req"])
                     nthreads[case] = r["threads"]
-            print(f"\n{model}, batch {BATCH} x {'x'.join(map(str, SHAPE))}, {args.seconds:g} s per case, "
-                  f"{args.rounds} rounds interleaved, each case its own process; ratios to same-main "
-                  "(under the same environment)")
-            print(f"  {'case':<30} {'median':>8} {'ratio':>6} {'best':>8} {'ratio':>6} {'cpu ms/req':>11} {'ratio':>6}"
-                  f" {'threads':>7}   rounds (req/s)")
+            print(
+                f"\n{model}, batch {BATCH} x {'x'.join(map(str, SHAPE))}, {args.seconds:g} s per case, "
+                f"{args.rounds} rounds interleaved, each case its own process; ratios to same-main "
+                "(under the same environment)"
+            )
+            print(
+                f"  {'case':<30} {'median':>8} {'ratio':>6} {'best':>8} {'ratio':>6} {'cpu ms/req':>11} {'ratio':>6}"
+                f" {'threads':>7}   rounds (req/s)"
+            )
             for case in cases:
                 env_part = case.partition("@")[2]
                 ref = f"same-main@{env_part}" if env_part and f"same-main@{env_part}" in rps else "same-main"
@@ -272,8 +290,11 @@ def main() -> int:
                 base_cpu = statistics.median(cpu[ref])
                 med, best, c = statistics.median(rps[case]), max(rps[case]), statistics.median(cpu[case])
                 rounds = ", ".join(f"{v:.0f}" for v in rps[case])
-                print(f"  {case:<30} {med:8.0f} {med / base:6.2f} {best:8.0f} {best / base_best:6.2f}"
-                      f" {c:11.3f} {c / base_cpu:6.2f} {nthreads[case]:7d}   {rounds}", flush=True)
+                print(
+                    f"  {case:<30} {med:8.0f} {med / base:6.2f} {best:8.0f} {best / base_best:6.2f}"
+                    f" {c:11.3f} {c / base_cpu:6.2f} {nthreads[case]:7d}   {rounds}",
+                    flush=True,
+                )
     return 0
 
 

@@ -78,19 +78,34 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, (key, kw) in RUN_FLAGS.items():
         if flag not in ("--concurrency", "--rate", "--max-batch-size", "--duration"):
             sweep.add_argument(flag, dest=key, default=None, help=f"overrides {key}", **kw)
-    sweep.add_argument("--concurrency", dest="sweep_concurrency", metavar="LIST",
-                       help="e.g. 1,4,8,16; 2x: twice each step's max batch size")
+    sweep.add_argument(
+        "--concurrency",
+        dest="sweep_concurrency",
+        metavar="LIST",
+        help="e.g. 1,4,8,16; 2x: twice each step's max batch size",
+    )
     sweep.add_argument("--rate", dest="sweep_rate", metavar="LIST", help="e.g. 50,100,200")
     sweep.add_argument("--max-batch-size", dest="sweep_max_batch_size", metavar="LIST", help="e.g. 1,4,8,16,32")
     sweep.add_argument("--step-duration", metavar="DUR", help="fixed time per step (skips the stability wait)")
     sweep.add_argument("--slo-p99-ms", type=float, metavar="MS", help="p99 the recommendation must meet")
     sweep.add_argument("--json", dest="json_out", metavar="FILE", help="write the steps, knee and recommendation")
-    sweep.add_argument("--tolerance", dest="stability_tolerance", type=float, default=10.0, metavar="PCT",
-                       help="stable: throughput and p99 of the last three windows within PCT%% (default 10)")
+    sweep.add_argument(
+        "--tolerance",
+        dest="stability_tolerance",
+        type=float,
+        default=10.0,
+        metavar="PCT",
+        help="stable: throughput and p99 of the last three windows within PCT%% (default 10)",
+    )
     sweep.add_argument("--window", dest="sweep_window", default="2s", metavar="DUR", help="window length (2s)")
     sweep.add_argument("--min-step", dest="min_step", default="10s", metavar="DUR", help="minimum step time (10s)")
-    sweep.add_argument("--max-step", dest="max_step", default="60s", metavar="DUR",
-                       help="maximum step time; still unstable then: the step is marked unstable (60s)")
+    sweep.add_argument(
+        "--max-step",
+        dest="max_step",
+        default="60s",
+        metavar="DUR",
+        help="maximum step time; still unstable then: the step is marked unstable (60s)",
+    )
 
     # ---- analyze (issue: leak verdicts): must not import torch
     analyze = sub.add_parser("analyze", help="judge recorded memory traces (CSV: timestamp_seconds,bytes)")
@@ -104,8 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="summarise a run from its state dir, or a fleet of runs")
     where = report.add_mutually_exclusive_group(required=True)
     where.add_argument("--state-dir", metavar="DIR")
-    where.add_argument("--fleet", nargs="+", metavar="SRC",
-                       help="one soak per GPU: state dirs and report/summary/fleet JSONs; exit 1 when any GPU fails")
+    where.add_argument(
+        "--fleet",
+        nargs="+",
+        metavar="SRC",
+        help="one soak per GPU: state dirs and report/summary/fleet JSONs; exit 1 when any GPU fails",
+    )
     report.add_argument("--run-id", metavar="ID", help="default: the most recent run")
     report.add_argument("--format", choices=("json", "html", "md"), default="json")
     report.add_argument("--output", metavar="FILE", help="default: stdout")
@@ -171,11 +190,12 @@ def _parse(parser: argparse.ArgumentParser, args: list[str]) -> argparse.Namespa
         args.insert(args.index(first) if first is not None else len(args), "run")
         first = "run"
     if first not in COMMANDS and not first.startswith("-"):
-        parser.error(f"unknown command {first!r}{_did_you_mean(first, COMMANDS)}; "
-                     f"commands: {', '.join(COMMANDS)} (soakd --help)")
+        parser.error(
+            f"unknown command {first!r}{_did_you_mean(first, COMMANDS)}; commands: {', '.join(COMMANDS)} (soakd --help)"
+        )
     if first in COMMANDS:
         at = args.index(first)
-        _check_flags(args[at + 1:], _subparser(parser, first))
+        _check_flags(args[at + 1 :], _subparser(parser, first))
     return parser.parse_args(args)
 
 
@@ -240,8 +260,9 @@ def entry() -> None:
     code = main()
     stray = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
     if stray:
-        logging.getLogger("soakd").warning("exiting past %d thread(s) left running by user code: %s",
-                                           len(stray), ", ".join(sorted(stray)[:5]))
+        logging.getLogger("soakd").warning(
+            "exiting past %d thread(s) left running by user code: %s", len(stray), ", ".join(sorted(stray)[:5])
+        )
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

@@ -536,8 +536,14 @@ def _check_memory(cfg: Config) -> None:
         seq = parse_seq_spec(spec)
         one = seq.high * TOKEN_BYTES
         parts.append(("input.shapes", spec, one, f"one {seq.high}-token sequence"))
-        parts.append(("batcher.max_batch_size", b.max_batch_size, b.instances * b.max_batch_size * one,
-                      f"batches of {b.max_batch_size} x {seq.high} tokens on {b.instances} model thread(s)"))
+        parts.append(
+            (
+                "batcher.max_batch_size",
+                b.max_batch_size,
+                b.instances * b.max_batch_size * one,
+                f"batches of {b.max_batch_size} x {seq.high} tokens on {b.instances} model thread(s)",
+            )
+        )
     elif spec:
         itemsize = DTYPE_BYTES.get(cfg.model.dtype, 4)
         sizes = [(shape, math.prod(shape) * itemsize) for shape, _ in parse_shape_mix(spec)]
@@ -548,17 +554,34 @@ def _check_memory(cfg: Config) -> None:
             parts.append(("input.pool", inp.pool, pooled, f"{inp.pool} pooled {names} {cfg.model.dtype} tensors"))
         else:  # decoded samples: each request in flight holds its own tensor
             parts.append((inflight_key, inflight, inflight * one, f"a decoded {names} sample per request in flight"))
-        parts.append(("batcher.max_batch_size", b.max_batch_size, b.instances * b.max_batch_size * one,
-                      f"batches of {b.max_batch_size} on {b.instances} model thread(s)"))
+        parts.append(
+            (
+                "batcher.max_batch_size",
+                b.max_batch_size,
+                b.instances * b.max_batch_size * one,
+                f"batches of {b.max_batch_size} on {b.instances} model thread(s)",
+            )
+        )
     parts.append((inflight_key, inflight, inflight * REQUEST_BYTES, f"{inflight} requests in flight"))
     if inp.samples is not None:  # each preprocess worker may hold one whole sample (bytes, then decoded)
-        parts.append(("input.max_sample_bytes", inp.max_sample_bytes,
-                      2 * inp.preprocess_workers * inp.max_sample_bytes,
-                      f"{inp.preprocess_workers} preprocess workers reading samples of up to "
-                      f"{format_bytes(inp.max_sample_bytes)}"))
+        parts.append(
+            (
+                "input.max_sample_bytes",
+                inp.max_sample_bytes,
+                2 * inp.preprocess_workers * inp.max_sample_bytes,
+                f"{inp.preprocess_workers} preprocess workers reading samples of up to "
+                f"{format_bytes(inp.max_sample_bytes)}",
+            )
+        )
     ring = cfg.memory.ring_size
-    parts.append(("memory.ring_size", ring, ring * RING_SAMPLE_BYTES * RING_SERIES,
-                  f"{RING_SERIES} memory rings of {ring} samples"))
+    parts.append(
+        (
+            "memory.ring_size",
+            ring,
+            ring * RING_SAMPLE_BYTES * RING_SERIES,
+            f"{RING_SERIES} memory rings of {ring} samples",
+        )
+    )
     total = sum(n for _, _, n, _ in parts)
     if total <= budget:
         return
@@ -585,8 +608,10 @@ def _check_durations(cfg: Config) -> None:
         for f in dataclasses.fields(sub):
             value = getattr(sub, f.name)
             if f.metadata.get("duration") and value and value < MIN_TIMER:
-                raise ConfigError(f"{section.name}.{f.name}: must be 0 or >= {MIN_TIMER * 1000:g}ms "
-                                  f"(finer than a thread's wake-up), got {value:g}s")
+                raise ConfigError(
+                    f"{section.name}.{f.name}: must be 0 or >= {MIN_TIMER * 1000:g}ms "
+                    f"(finer than a thread's wake-up), got {value:g}s"
+                )
 
 
 def validate(cfg: Config) -> None:
@@ -614,31 +639,39 @@ def validate(cfg: Config) -> None:
     if ld.open_loop:
         assert ld.rate is not None
         _require(ld.rate > 0, f"load.rate: must be > 0 requests/s, got {ld.rate}")
-        _require(ld.rate <= MAX_RATE,
-                 f"load.rate: {ld.rate:g} requests/s is over the bound of {MAX_RATE:g}/s (one arrival per "
-                 "microsecond: soakd's sender stamps each arrival in about 1 µs and could never catch up)")
+        _require(
+            ld.rate <= MAX_RATE,
+            f"load.rate: {ld.rate:g} requests/s is over the bound of {MAX_RATE:g}/s (one arrival per "
+            "microsecond: soakd's sender stamps each arrival in about 1 µs and could never catch up)",
+        )
     _require(
         ld.arrival in ("constant", "poisson", "gamma"),
         f"load.arrival: expected constant, poisson or gamma, got {ld.arrival!r}",
     )
     _require(ld.burstiness > 0, f"load.burstiness: must be > 0, got {ld.burstiness}")
-    _require(ld.burstiness <= MAX_BURSTINESS,
-             f"load.burstiness: {ld.burstiness:g} is over the bound of {MAX_BURSTINESS:g} (gamma shape "
-             f"1/{ld.burstiness:g}: most gaps underflow to exactly 0, one unbounded burst)")
+    _require(
+        ld.burstiness <= MAX_BURSTINESS,
+        f"load.burstiness: {ld.burstiness:g} is over the bound of {MAX_BURSTINESS:g} (gamma shape "
+        f"1/{ld.burstiness:g}: most gaps underflow to exactly 0, one unbounded burst)",
+    )
     _require(ld.max_inflight >= 1, f"load.max_inflight: must be >= 1, got {ld.max_inflight}")
     _require(0 <= ld.seed <= MAX_INT, f"load.seed: must be within [0, {MAX_INT}] (numpy seeds), got {ld.seed}")
     b = cfg.batcher
     _require(b.max_batch_size >= 1, f"batcher.max_batch_size: must be >= 1, got {b.max_batch_size}")
     stall_ms = cfg.daemon.stall_timeout * 1000
     _require(b.max_queue_delay_ms >= 0, f"batcher.max_queue_delay_ms: must be >= 0, got {b.max_queue_delay_ms}")
-    _require(b.max_queue_delay_ms < stall_ms,
-             f"batcher.max_queue_delay_ms: {b.max_queue_delay_ms:g} is over the bound of daemon.stall_timeout "
-             f"({stall_ms:g} ms: a request waiting that long for a batch reads as a hung model)")
+    _require(
+        b.max_queue_delay_ms < stall_ms,
+        f"batcher.max_queue_delay_ms: {b.max_queue_delay_ms:g} is over the bound of daemon.stall_timeout "
+        f"({stall_ms:g} ms: a request waiting that long for a batch reads as a hung model)",
+    )
     threads = max_model_threads()
     _require(b.instances >= 1, f"batcher.instances: must be >= 1, got {b.instances}")
-    _require(b.instances <= threads,
-             f"batcher.instances: {b.instances} is over the bound of {threads} ({MODEL_THREADS_PER_CPU} model "
-             f"threads per CPU core of this host's {os.cpu_count()}; more only queue for the cores)")
+    _require(
+        b.instances <= threads,
+        f"batcher.instances: {b.instances} is over the bound of {threads} ({MODEL_THREADS_PER_CPU} model "
+        f"threads per CPU core of this host's {os.cpu_count()}; more only queue for the cores)",
+    )
     _require(cfg.input.pool >= 1, f"input.pool: must be >= 1, got {cfg.input.pool}")
     if is_seq_spec(cfg.input.shapes):
         try:
@@ -662,13 +695,14 @@ def validate(cfg: Config) -> None:
         f"input.postprocess: expected auto, none, classify or detect, got {cfg.input.postprocess!r}",
     )
     _require(cfg.input.max_tokens >= 1, f"input.max_tokens: must be >= 1, got {cfg.input.max_tokens}")
-    _require(cfg.input.max_sample_bytes >= 1,
-             f"input.max_sample_bytes: must be >= 1, got {cfg.input.max_sample_bytes}")
+    _require(cfg.input.max_sample_bytes >= 1, f"input.max_sample_bytes: must be >= 1, got {cfg.input.max_sample_bytes}")
     parse_host_port(cfg.metrics.addr)
     _require(cfg.memory.ring_size >= 10, f"memory.ring_size: must be >= 10, got {cfg.memory.ring_size}")
-    _require(cfg.memory.interval >= MIN_MEMORY_INTERVAL,
-             f"memory.interval: must be >= {MIN_MEMORY_INTERVAL:g}s (one round of every memory collector "
-             f"takes milliseconds), got {cfg.memory.interval:g}s")
+    _require(
+        cfg.memory.interval >= MIN_MEMORY_INTERVAL,
+        f"memory.interval: must be >= {MIN_MEMORY_INTERVAL:g}s (one round of every memory collector "
+        f"takes milliseconds), got {cfg.memory.interval:g}s",
+    )
     _check_memory(cfg)
     _validate_leak(cfg.leak)
     _validate_target(cfg)
@@ -683,32 +717,41 @@ def validate(cfg: Config) -> None:
         _require(stage in STAGES, f"slo.stage_p99_ms.{stage}: unknown stage (known: {', '.join(STAGES)})")
         _require(limit >= 0, f"slo.stage_p99_ms.{stage}: must be >= 0, got {limit}")
     cp = cfg.compare
-    _require(0 <= cp.max_throughput_drop < 1,
-             f"compare.max_throughput_drop: must be within [0, 1), got {cp.max_throughput_drop}")
+    _require(
+        0 <= cp.max_throughput_drop < 1,
+        f"compare.max_throughput_drop: must be within [0, 1), got {cp.max_throughput_drop}",
+    )
     for name in ("max_p99_increase", "max_error_ratio_increase"):
         _require(getattr(cp, name) >= 0, f"compare.{name}: must be >= 0, got {getattr(cp, name)}")
     _require(0.5 <= cp.confidence < 1, f"compare.confidence: must be within [0.5, 1), got {cp.confidence}")
-    _require_range("compare.resamples", cp.resamples, 100, MAX_RESAMPLES,
-                   "past a million a 95% interval no longer moves")
+    _require_range(
+        "compare.resamples", cp.resamples, 100, MAX_RESAMPLES, "past a million a 95% interval no longer moves"
+    )
     ph = cfg.phases
     _require(0.0 < ph.ramp_from <= 1.0, f"phases.ramp_from: must be within (0, 1], got {ph.ramp_from}")
     _require(ph.probe_factor > 0, f"phases.probe_factor: must be > 0, got {ph.probe_factor}")
     if ld.open_loop and ld.rate is not None and ph.probe_schedule:
-        _require(ld.rate * ph.probe_factor <= MAX_RATE,
-                 f"phases.probe_factor: {ph.probe_factor:g} x load.rate {ld.rate:g} is over the bound of "
-                 f"{MAX_RATE:g} requests/s (load.rate's)")
+        _require(
+            ld.rate * ph.probe_factor <= MAX_RATE,
+            f"phases.probe_factor: {ph.probe_factor:g} x load.rate {ld.rate:g} is over the bound of "
+            f"{MAX_RATE:g} requests/s (load.rate's)",
+        )
     if ph.probe_schedule:
         try:
             check_crontab(ph.probe_schedule)
         except ValueError as exc:
-            raise ConfigError(f"phases.probe_schedule: {ph.probe_schedule!r}: {exc} (use crontab syntax, "
-                              "e.g. '0 * * * *')") from None
-    _require(cfg.state.window >= cfg.state.flush_interval,
-             f"state.window: must be >= state.flush_interval ({cfg.state.flush_interval}s), "
-             f"got {cfg.state.window}s")
-    _require(cfg.state.flush_interval >= MIN_FLUSH_INTERVAL,
-             f"state.flush_interval: must be >= {MIN_FLUSH_INTERVAL:g}s (each flush is one SQLite transaction), "
-             f"got {cfg.state.flush_interval:g}s")
+            raise ConfigError(
+                f"phases.probe_schedule: {ph.probe_schedule!r}: {exc} (use crontab syntax, e.g. '0 * * * *')"
+            ) from None
+    _require(
+        cfg.state.window >= cfg.state.flush_interval,
+        f"state.window: must be >= state.flush_interval ({cfg.state.flush_interval}s), got {cfg.state.window}s",
+    )
+    _require(
+        cfg.state.flush_interval >= MIN_FLUSH_INTERVAL,
+        f"state.flush_interval: must be >= {MIN_FLUSH_INTERVAL:g}s (each flush is one SQLite transaction), "
+        f"got {cfg.state.flush_interval:g}s",
+    )
     if cfg.state.run_id is not None:
         check_run_id(cfg.state.run_id)
     for key, value in (("output.log_file", cfg.output.log_file), ("output.summary_json", cfg.output.summary_json)):
@@ -727,52 +770,78 @@ def _validate_target(cfg: Config) -> None:
     tg = cfg.target
     for pid in tg.watch_pid:
         _require(pid >= 1, f"target.watch_pid: expected process ids >= 1, got {pid}")
-    _require(tg.max_connections is None or tg.max_connections >= 1,
-             f"target.max_connections: must be >= 1, got {tg.max_connections}")
+    _require(
+        tg.max_connections is None or tg.max_connections >= 1,
+        f"target.max_connections: must be >= 1, got {tg.max_connections}",
+    )
     _require(tg.api in TARGET_APIS, f"target.api: expected {', '.join(TARGET_APIS)}, got {tg.api!r}")
     if tg.url is None:
         return
     from urllib.parse import urlsplit  # local, as the checks above: only a run with a target needs it
 
     parts = urlsplit(tg.url)
-    _require(parts.scheme in ("http", "https") and bool(parts.hostname),
-             f"target.url: expected http://HOST[:PORT]/PATH, got {tg.url!r}")
+    _require(
+        parts.scheme in ("http", "https") and bool(parts.hostname),
+        f"target.url: expected http://HOST[:PORT]/PATH, got {tg.url!r}",
+    )
     _require(tg.api == "http", f"target.api: {tg.api} is not built yet (use --api http)")
-    _require(cfg.model.spec == ModelConfig.spec,
-             f"model.spec and target.url: choose one (a model in soakd's process, or a served one), "
-             f"got {cfg.model.spec!r} and {tg.url!r}")
-    _require(cfg.input.samples is not None,
-             "input.samples: --api http POSTs the .json files of --samples DIR; none given")
+    _require(
+        cfg.model.spec == ModelConfig.spec,
+        f"model.spec and target.url: choose one (a model in soakd's process, or a served one), "
+        f"got {cfg.model.spec!r} and {tg.url!r}",
+    )
+    _require(
+        cfg.input.samples is not None, "input.samples: --api http POSTs the .json files of --samples DIR; none given"
+    )
 
 
 def _validate_leak(lk: LeakConfig) -> None:
     for name, floor in lk.min_slope_bytes_per_hour.items():
         known = ", ".join(("default", *LEAK_SERIES))
-        _require(name in LEAK_SERIES or name == "default",
-                 f"leak.min_slope_bytes_per_hour.{name}: unknown series (known: {known})")
+        _require(
+            name in LEAK_SERIES or name == "default",
+            f"leak.min_slope_bytes_per_hour.{name}: unknown series (known: {known})",
+        )
         _require(floor >= 0, f"leak.min_slope_bytes_per_hour.{name}: must be >= 0, got {floor}")
     _require(0 < lk.alpha < 0.5, f"leak.alpha: must be within (0, 0.5), got {lk.alpha}")
     # A window shorter than 30 evaluations (an accelerated run) is judged that often instead.
     lk.evaluate_interval = min(lk.evaluate_interval, max(1.0, lk.window / 30))
-    _require(lk.trough_span >= lk.bin,
-             f"leak.trough_span: must be >= leak.bin ({lk.bin}s), got {lk.trough_span}s")
-    _require(lk.min_span >= 4 * lk.bin,
-             f"leak.min_span: must hold at least 4 envelope points (>= {4 * lk.bin}s), got {lk.min_span}s")
-    _require(lk.cuda_history in ("auto", "always", "off"),
-             f"leak.cuda_history: expected auto, always or off, got {lk.cuda_history!r}")
-    _require(1 <= lk.cuda_history_max_entries <= 10_000_000,
-             f"leak.cuda_history_max_entries: must be within [1, 10000000], "
-             f"got {lk.cuda_history_max_entries}")
+    _require(lk.trough_span >= lk.bin, f"leak.trough_span: must be >= leak.bin ({lk.bin}s), got {lk.trough_span}s")
+    _require(
+        lk.min_span >= 4 * lk.bin,
+        f"leak.min_span: must hold at least 4 envelope points (>= {4 * lk.bin}s), got {lk.min_span}s",
+    )
+    _require(
+        lk.cuda_history in ("auto", "always", "off"),
+        f"leak.cuda_history: expected auto, always or off, got {lk.cuda_history!r}",
+    )
+    _require(
+        1 <= lk.cuda_history_max_entries <= 10_000_000,
+        f"leak.cuda_history_max_entries: must be within [1, 10000000], got {lk.cuda_history_max_entries}",
+    )
 
 
 # --------------------------------------------------------------------------- secrets
 
 # Key-name parts that mark a credential. Matched on whole parts (``api_token``, ``apiKey``,
 # ``X-Auth-Token``), so ``max_tokens`` or ``keyframes`` stay readable.
-SECRET_PARTS = frozenset({
-    "token", "key", "apikey", "secret", "password", "passwd", "passphrase", "authorization", "auth",
-    "credential", "credentials", "cookie", "bearer",
-})
+SECRET_PARTS = frozenset(
+    {
+        "token",
+        "key",
+        "apikey",
+        "secret",
+        "password",
+        "passwd",
+        "passphrase",
+        "authorization",
+        "auth",
+        "credential",
+        "credentials",
+        "cookie",
+        "bearer",
+    }
+)
 REDACTED = "<redacted>"
 _KEY_PART_RE = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 
@@ -787,8 +856,10 @@ def redact_secrets(data: Any) -> Any:
     replaced by ``"<redacted>"``, at any depth. The one redaction every output goes through:
     summary.json and the state database (the run fingerprint's ``config``), and the reports."""
     if isinstance(data, dict):
-        return {k: REDACTED if isinstance(k, str) and is_secret_key(k) and v is not None else redact_secrets(v)
-                for k, v in data.items()}
+        return {
+            k: REDACTED if isinstance(k, str) and is_secret_key(k) and v is not None else redact_secrets(v)
+            for k, v in data.items()
+        }
     if isinstance(data, (list, tuple)):
         return [redact_secrets(v) for v in data]
     return data

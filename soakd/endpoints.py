@@ -50,8 +50,15 @@ class _Server6(_Server):
 
 
 class EndpointServer:
-    def __init__(self, addr: str, registry: CollectorRegistry, health: HealthFn | None = None,
-                 status: StatusFn | None = None, *, idle_timeout: float = IDLE_TIMEOUT) -> None:
+    def __init__(
+        self,
+        addr: str,
+        registry: CollectorRegistry,
+        health: HealthFn | None = None,
+        status: StatusFn | None = None,
+        *,
+        idle_timeout: float = IDLE_TIMEOUT,
+    ) -> None:
         host, port = parse_host_port(addr)
         self.registry = registry
         self.health: HealthFn = health or (lambda: (True, "ok"))
@@ -95,8 +102,7 @@ class EndpointServer:
 
         # Bind what the name resolves to first (preflight checked it is this host's), so a name
         # with only an IPv6 address listens on IPv6.
-        family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                       flags=socket.AI_PASSIVE)[0]
+        family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
         server_cls = _Server6 if family == socket.AF_INET6 else _Server
         self._httpd = server_cls((str(sockaddr[0]), port), Handler)
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="soakd-http", daemon=True)

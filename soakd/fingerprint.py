@@ -52,15 +52,25 @@ def model_identity(model_spec: str) -> str:
     has none, its spec and options, the soakd version and its (seeded) state_dict."""
     kind = model_spec.partition(":")[0]
     if kind == "builtin":
-        return (f"{model_spec} (no file): sha256 of the spec, model.options, soakd {soakd.__version__} "
-                "and the state_dict (weights seeded, the same every run)")
+        return (
+            f"{model_spec} (no file): sha256 of the spec, model.options, soakd {soakd.__version__} "
+            "and the state_dict (weights seeded, the same every run)"
+        )
     if kind == "python":
         return f"{model_spec}: sha256 of the Python file that defines the factory"
     return f"{model_spec}: sha256 of the model file"
 
 
-def fingerprint(cfg: Config, *, run_id: str, model_spec: str, model_sha256: str | None, device: torch.device | None,
-                input_desc: str, target: dict[str, Any] | None = None) -> dict[str, Any]:
+def fingerprint(
+    cfg: Config,
+    *,
+    run_id: str,
+    model_spec: str,
+    model_sha256: str | None,
+    device: torch.device | None,
+    input_desc: str,
+    target: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """``device`` None and ``target`` given: a served model, known by its URL and API (its weights
     and device are the server's; no sha256 here)."""
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None  # type: ignore[no-untyped-call]
@@ -69,8 +79,9 @@ def fingerprint(cfg: Config, *, run_id: str, model_spec: str, model_sha256: str 
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "model": model_spec,
         "model_sha256": model_sha256,
-        "model_identity": model_identity(model_spec) if target is None else
-        f"served at {target['url']} ({target['api']}): no sha256, the server holds the weights",
+        "model_identity": model_identity(model_spec)
+        if target is None
+        else f"served at {target['url']} ({target['api']}): no sha256, the server holds the weights",
         "input": input_desc,
         "device": str(device) if device is not None else "remote",
         "device_name": device_name(device) if device is not None else None,

@@ -57,8 +57,10 @@ def check_listen_addr(addr: str, key: str = "metrics.addr") -> list[str]:
     ip = ipaddress.ip_address(ip_text.split("%", 1)[0])
     if ip.is_loopback:
         return []
-    return [f"{key} {addr}: /metrics, /healthz and /status are reachable from other hosts "
-            "(read-only; use 127.0.0.1 to keep them local)"]
+    return [
+        f"{key} {addr}: /metrics, /healthz and /status are reachable from other hosts "
+        "(read-only; use 127.0.0.1 to keep them local)"
+    ]
 
 
 def check_appendable(path: str, key: str) -> None:

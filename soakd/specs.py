@@ -93,7 +93,8 @@ def check_model_input(spec: str, shapes: str, samples: str | None) -> None:
     if kind in ("torchscript", "export") and not shapes.strip() and samples is None:
         raise ConfigError(
             f"input.shapes: {spec} has no default input shape; give one per request "
-            "(--input-shapes 3x224x224, or [input] shapes = \"3x224x224\") or --samples DIR")
+            '(--input-shapes 3x224x224, or [input] shapes = "3x224x224") or --samples DIR'
+        )
 
 
 # --------------------------------------------------------------------------- shape mixes
@@ -133,7 +134,8 @@ def parse_shape_mix(spec: str) -> list[tuple[Shape, float]]:
         raise ValueError(
             f"input.shapes: {spec.strip()!r} reads as {len(parts)} one-dimensional shapes; dimensions of one "
             f"shape are joined by 'x' (did you mean {joined!r}?); a mix of 1-D shapes needs weights "
-            f"({'=1,'.join(parts)}=1)")
+            f"({'=1,'.join(parts)}=1)"
+        )
     total = sum(w for _, w in items)
     return [(s, w / total) for s, w in items]
 
@@ -190,8 +192,9 @@ def parse_seq_spec(spec: str) -> SeqLenSpec:
     if any(not math.isfinite(v) or v <= 0 for v in (*params.values(), vocab_f)) or vocab_f < 2:
         raise ValueError(f"input.shapes: parameters must be finite positive numbers in {spec!r}")
     if vocab_f > MAX_VOCAB:
-        raise ValueError(f"input.shapes: vocab={vocab_f:g} is over the bound of {MAX_VOCAB} (token ids are int64) "
-                         f"in {spec!r}")
+        raise ValueError(
+            f"input.shapes: vocab={vocab_f:g} is over the bound of {MAX_VOCAB} (token ids are int64) in {spec!r}"
+        )
     vocab = int(vocab_f)
     if dist == "fixed":
         low = high = int(params["n"])
@@ -245,8 +248,9 @@ def check_crontab(expr: str) -> None:
                 elif part in names:
                     value = names.index(part) + (low if names is _MONTHS else 0)
                 else:
-                    raise ValueError(f"{name}: {part!r} is not a number" + (f" or a name ({', '.join(names)})"
-                                                                            if names else ""))
+                    raise ValueError(
+                        f"{name}: {part!r} is not a number" + (f" or a name ({', '.join(names)})" if names else "")
+                    )
                 if not low <= value <= high:
                     raise ValueError(f"{name}: {value} is outside [{low}, {high}]")
                 bounds.append(value)

@@ -75,7 +75,6 @@ CREATE INDEX IF NOT EXISTS events_run ON events (run_id, t);
 """
 
 
-
 @dataclass
 class WindowRow:
     """One window of one segment: request counts by outcome and a histogram per stage."""
@@ -278,9 +277,15 @@ class StateStore:
     """One state database. Writes from any thread go through :meth:`enqueue`-style calls to the
     writer thread; reads (reports) use their own connection."""
 
-    def __init__(self, state_dir: str | os.PathLike[str], *, flush_interval: float = 2.0,
-                 retention: float = 30 * 86400.0, lock_timeout: float = LOCK_TIMEOUT,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str],
+        *,
+        flush_interval: float = 2.0,
+        retention: float = 30 * 86400.0,
+        lock_timeout: float = LOCK_TIMEOUT,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.dir = Path(state_dir)
         self.path = self.dir / DB_NAME
         self.flush_interval = flush_interval
@@ -332,24 +337,28 @@ class StateStore:
         now = self.clock()
         fp = json.dumps(fingerprint, default=str) if fingerprint is not None else None
         with self._tx() as c:
-            c.execute("INSERT OR IGNORE INTO runs (run_id, created_at, fingerprint) VALUES (?, ?, ?)",
-                      (run_id, now, fp))
+            c.execute(
+                "INSERT OR IGNORE INTO runs (run_id, created_at, fingerprint) VALUES (?, ?, ?)", (run_id, now, fp)
+            )
             if fp is not None:
                 c.execute("UPDATE runs SET fingerprint = ? WHERE run_id = ?", (fp, run_id))
             c.execute("UPDATE runs SET finished_at = NULL WHERE run_id = ?", (run_id,))
             cur = c.execute(
-                "INSERT INTO segments (run_id, pid, started_at, last_seen, fingerprint)"
-                " VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO segments (run_id, pid, started_at, last_seen, fingerprint) VALUES (?, ?, ?, ?, ?)",
                 (run_id, os.getpid() if pid is None else pid, now, now, fp),
             )
             seg = int(cur.lastrowid or 0)
             self.segment_id = seg
-            prior = c.execute("SELECT COUNT(*) FROM segments WHERE run_id = ? AND id < ?",
-                              (run_id, seg)).fetchone()[0]
-            kind, detail = ("restart", f"segment {seg}: resumed after {prior} earlier segment(s)") if prior \
+            prior = c.execute("SELECT COUNT(*) FROM segments WHERE run_id = ? AND id < ?", (run_id, seg)).fetchone()[0]
+            kind, detail = (
+                ("restart", f"segment {seg}: resumed after {prior} earlier segment(s)")
+                if prior
                 else ("start", f"segment {seg}")
-            c.execute("INSERT INTO events (run_id, segment_id, t, kind, detail) VALUES (?, ?, ?, ?, ?)",
-                      (run_id, seg, now, kind, detail))
+            )
+            c.execute(
+                "INSERT INTO events (run_id, segment_id, t, kind, detail) VALUES (?, ?, ?, ?, ?)",
+                (run_id, seg, now, kind, detail),
+            )
         try:
             (self.dir / CURRENT_RUN).write_text(run_id + "\n")
         except OSError as exc:
@@ -361,11 +370,15 @@ class StateStore:
         run reached its end, so a restart begins a new run."""
         now = self.clock()
         with self._tx() as c:
-            c.execute("UPDATE segments SET ended_at = ?, last_seen = ?, end_reason = ? WHERE id = ?",
-                      (now, now, reason, segment_id))
+            c.execute(
+                "UPDATE segments SET ended_at = ?, last_seen = ?, end_reason = ? WHERE id = ?",
+                (now, now, reason, segment_id),
+            )
             if finished:
-                c.execute("UPDATE runs SET finished_at = ? WHERE run_id = "
-                          "(SELECT run_id FROM segments WHERE id = ?)", (now, segment_id))
+                c.execute(
+                    "UPDATE runs SET finished_at = ? WHERE run_id = (SELECT run_id FROM segments WHERE id = ?)",
+                    (now, segment_id),
+                )
         if finished:
             (self.dir / CURRENT_RUN).unlink(missing_ok=True)
 
@@ -389,13 +402,14 @@ class StateStore:
     def add_sample(self, run_id: str, series: str, t: float, value: float) -> None:
         self._put("sample", (run_id, series, t, value, value, value, 1, 0.0))
 
-    def add_event(self, run_id: str, segment_id: int | None, kind: str, detail: str,
-                  t: float | None = None) -> None:
+    def add_event(self, run_id: str, segment_id: int | None, kind: str, detail: str, t: float | None = None) -> None:
         self._put("event", (run_id, segment_id, self.clock() if t is None else t, kind, detail))
 
     def write_window(self, segment_id: int, run_id: str, row: WindowRow, resolution: float = 0.0) -> None:
-        self._put("window", (segment_id, run_id, row.t_start, row.t_end, resolution,
-                             json.dumps(row.outcomes), encode_hists(row.hists)))
+        self._put(
+            "window",
+            (segment_id, run_id, row.t_start, row.t_end, resolution, json.dumps(row.outcomes), encode_hists(row.hists)),
+        )
 
     # ------------------------------------------------------------------ writer
 
@@ -436,8 +450,12 @@ class StateStore:
         window = self.window_source() if self.window_source is not None else None
         if window is not None:
             seg, run_id, row = window
-            items.append(("window", (seg, run_id, row.t_start, row.t_end, 0.0, json.dumps(row.outcomes),
-                                     encode_hists(row.hists))))
+            items.append(
+                (
+                    "window",
+                    (seg, run_id, row.t_start, row.t_end, 0.0, json.dumps(row.outcomes), encode_hists(row.hists)),
+                )
+            )
         now = self.clock()
         with self._tx() as c:
             samples = [a for k, a in items if k == "sample"]
@@ -445,14 +463,12 @@ class StateStore:
                 c.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?)", samples)
             events = [a for k, a in items if k == "event"]
             if events:
-                c.executemany("INSERT INTO events (run_id, segment_id, t, kind, detail)"
-                              " VALUES (?, ?, ?, ?, ?)", events)
+                c.executemany("INSERT INTO events (run_id, segment_id, t, kind, detail) VALUES (?, ?, ?, ?, ?)", events)
             windows = [a for k, a in items if k == "window"]
             if windows:
                 c.executemany("INSERT OR REPLACE INTO windows VALUES (?, ?, ?, ?, ?, ?, ?)", windows)
             if self.segment_id is not None:
-                c.execute("UPDATE segments SET last_seen = ? WHERE id = ? AND ended_at IS NULL",
-                          (now, self.segment_id))
+                c.execute("UPDATE segments SET last_seen = ? WHERE id = ? AND ended_at IS NULL", (now, self.segment_id))
 
     # ------------------------------------------------------------------ retention
 
@@ -471,25 +487,28 @@ class StateStore:
                     " WHERE t < :cut AND resolution < :b GROUP BY run_id, series, bt",
                     {"b": bucket, "cut": cutoff},
                 )
-                c.execute("DELETE FROM samples WHERE t < :cut AND resolution < :b",
-                          {"b": bucket, "cut": cutoff})
+                c.execute("DELETE FROM samples WHERE t < :cut AND resolution < :b", {"b": bucket, "cut": cutoff})
             for age, bucket in WINDOW_TIERS:
                 self._merge_windows(c, (now - age) // bucket * bucket, bucket)
             self._cap_events(c)
 
     @staticmethod
     def _cap_events(c: sqlite3.Connection) -> None:
-        for (run_id,) in c.execute("SELECT run_id FROM events GROUP BY run_id HAVING COUNT(*) > ?",
-                                   (MAX_EVENTS_PER_RUN,)).fetchall():
-            c.execute("DELETE FROM events WHERE run_id = ? AND id NOT IN "
-                      "(SELECT id FROM events WHERE run_id = ? ORDER BY id DESC LIMIT ?)",
-                      (run_id, run_id, MAX_EVENTS_PER_RUN))
+        for (run_id,) in c.execute(
+            "SELECT run_id FROM events GROUP BY run_id HAVING COUNT(*) > ?", (MAX_EVENTS_PER_RUN,)
+        ).fetchall():
+            c.execute(
+                "DELETE FROM events WHERE run_id = ? AND id NOT IN "
+                "(SELECT id FROM events WHERE run_id = ? ORDER BY id DESC LIMIT ?)",
+                (run_id, run_id, MAX_EVENTS_PER_RUN),
+            )
 
     @staticmethod
     def _merge_windows(c: sqlite3.Connection, cutoff: float, bucket: float) -> None:
         rows = c.execute(
             "SELECT segment_id, run_id, t_start, t_end, outcomes, hists FROM windows"
-            " WHERE t_end <= ? AND resolution < ? ORDER BY segment_id, t_start", (cutoff, bucket)
+            " WHERE t_end <= ? AND resolution < ? ORDER BY segment_id, t_start",
+            (cutoff, bucket),
         ).fetchall()
         merged: dict[tuple[int, float], list[Any]] = {}
         for seg, run_id, t0, t1, outcomes, blob in rows:
@@ -508,8 +527,7 @@ class StateStore:
         c.execute("DELETE FROM windows WHERE t_end <= ? AND resolution < ?", (cutoff, bucket))
         c.executemany(
             "INSERT OR REPLACE INTO windows VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [(seg, m[0], m[1], m[2], bucket, json.dumps(m[3]), encode_hists(m[4]))
-             for (seg, _), m in merged.items()],
+            [(seg, m[0], m[1], m[2], bucket, json.dumps(m[3]), encode_hists(m[4])) for (seg, _), m in merged.items()],
         )
 
     # ------------------------------------------------------------------ reads
@@ -582,8 +600,13 @@ class StateReader:
     def resolve(self, run_id: str | None) -> tuple[str, float, float | None, str | None]:
         c = self._conn
         rid = run_id or self.latest_run_id()
-        row = None if rid is None else c.execute(
-            "SELECT run_id, created_at, finished_at, fingerprint FROM runs WHERE run_id = ?", (rid,)).fetchone()
+        row = (
+            None
+            if rid is None
+            else c.execute(
+                "SELECT run_id, created_at, finished_at, fingerprint FROM runs WHERE run_id = ?", (rid,)
+            ).fetchone()
+        )
         if rid is None or row is None:
             known = [r[0] for r in c.execute("SELECT run_id FROM runs ORDER BY created_at DESC LIMIT 5")]
             hint = f" (recent: {', '.join(known)})" if known else " (no runs)"
@@ -600,9 +623,14 @@ class StateReader:
     def _load_run(self, run_id: str | None) -> RunState:
         c = self._conn
         rid, created, finished, fp = self.resolve(run_id)
-        segs = [tuple(r) for r in c.execute(
-            "SELECT id, pid, started_at, last_seen, ended_at, end_reason FROM segments WHERE run_id = ? ORDER BY id",
-            (rid,))]
+        segs = [
+            tuple(r)
+            for r in c.execute(
+                "SELECT id, pid, started_at, last_seen, ended_at, end_reason FROM segments"
+                " WHERE run_id = ? ORDER BY id",
+                (rid,),
+            )
+        ]
         per_seg: dict[int, dict[str, int]] = {}
         for seg, outcomes in c.execute("SELECT segment_id, outcomes FROM windows WHERE run_id = ?", (rid,)):
             counts = per_seg.setdefault(seg, {})
@@ -610,37 +638,61 @@ class StateReader:
                 counts[k] = counts.get(k, 0) + int(v)
         # A segment's writer may keep upserting its window between the segment's end and the
         # process exit (stretching it, or adding empty ones): that time is not part of the run.
-        windows = [(t0, t1, json.loads(o), decode_hists(blob)) for t0, t1, o, blob in c.execute(
-            "SELECT w.t_start, MIN(w.t_end, COALESCE(s.ended_at, w.t_end)), w.outcomes, w.hists FROM windows w"
-            " JOIN segments s ON s.id = w.segment_id"
-            " WHERE w.run_id = ? AND (s.ended_at IS NULL OR w.t_start < s.ended_at) ORDER BY w.t_start",
-            (rid,))]
+        windows = [
+            (t0, t1, json.loads(o), decode_hists(blob))
+            for t0, t1, o, blob in c.execute(
+                "SELECT w.t_start, MIN(w.t_end, COALESCE(s.ended_at, w.t_end)), w.outcomes, w.hists FROM windows w"
+                " JOIN segments s ON s.id = w.segment_id"
+                " WHERE w.run_id = ? AND (s.ended_at IS NULL OR w.t_start < s.ended_at) ORDER BY w.t_start",
+                (rid,),
+            )
+        ]
         events = c.execute(
             "SELECT t, segment_id, kind, detail FROM events WHERE run_id = ? ORDER BY t DESC, id DESC LIMIT ?",
-            (rid, MAX_REPORT_EVENTS)).fetchall()
+            (rid, MAX_REPORT_EVENTS),
+        ).fetchall()
         stats: dict[str, tuple[float, float, float, float, int]] = {}
         samples: dict[str, list[tuple[float, float, float, float]]] = {}
-        for (name,) in c.execute("SELECT DISTINCT series FROM samples WHERE run_id = ? ORDER BY series",
-                                 (rid,)).fetchall():
-            stats[name] = tuple(c.execute(
-                "SELECT (SELECT value FROM samples WHERE run_id = ?1 AND series = ?2 ORDER BY t LIMIT 1),"
-                " (SELECT value FROM samples WHERE run_id = ?1 AND series = ?2 ORDER BY t DESC LIMIT 1),"
-                " MIN(vmin), MAX(vmax), SUM(n) FROM samples WHERE run_id = ?1 AND series = ?2",
-                (rid, name)).fetchone())
-            samples[name] = [tuple(r) for r in c.execute(
-                "SELECT t, value, vmin, vmax FROM samples WHERE run_id = ? AND series = ? ORDER BY t", (rid, name))]
+        for (name,) in c.execute(
+            "SELECT DISTINCT series FROM samples WHERE run_id = ? ORDER BY series", (rid,)
+        ).fetchall():
+            stats[name] = tuple(
+                c.execute(
+                    "SELECT (SELECT value FROM samples WHERE run_id = ?1 AND series = ?2 ORDER BY t LIMIT 1),"
+                    " (SELECT value FROM samples WHERE run_id = ?1 AND series = ?2 ORDER BY t DESC LIMIT 1),"
+                    " MIN(vmin), MAX(vmax), SUM(n) FROM samples WHERE run_id = ?1 AND series = ?2",
+                    (rid, name),
+                ).fetchone()
+            )
+            samples[name] = [
+                tuple(r)
+                for r in c.execute(
+                    "SELECT t, value, vmin, vmax FROM samples WHERE run_id = ? AND series = ? ORDER BY t", (rid, name)
+                )
+            ]
         return RunState(
-            run_id=rid, created_at=created, finished_at=finished, fingerprint=json.loads(fp) if fp else {},
+            run_id=rid,
+            created_at=created,
+            finished_at=finished,
+            fingerprint=json.loads(fp) if fp else {},
             segments=segs,
-            windows=windows, segment_outcomes=per_seg,
+            windows=windows,
+            segment_outcomes=per_seg,
             events=[tuple(e) for e in reversed(events)],
-            series_stats=stats, samples=samples,
+            series_stats=stats,
+            samples=samples,
         )
 
-    def timeline(self, run_id: str | None = None) -> list[tuple[int, float, float, float, dict[str, int],
-                                                                  dict[str, HistSnapshot]]]:
+    def timeline(
+        self, run_id: str | None = None
+    ) -> list[tuple[int, float, float, float, dict[str, int], dict[str, HistSnapshot]]]:
         """Every stored window as written (segment, start, end, resolution, outcomes, hists)."""
         rid, *_ = self.resolve(run_id)
-        return [(seg, t0, t1, res, json.loads(o), decode_hists(blob)) for seg, t0, t1, res, o, blob in
-                self._conn.execute("SELECT segment_id, t_start, t_end, resolution, outcomes, hists FROM windows"
-                                   " WHERE run_id = ? ORDER BY t_start", (rid,))]
+        return [
+            (seg, t0, t1, res, json.loads(o), decode_hists(blob))
+            for seg, t0, t1, res, o, blob in self._conn.execute(
+                "SELECT segment_id, t_start, t_end, resolution, outcomes, hists FROM windows"
+                " WHERE run_id = ? ORDER BY t_start",
+                (rid,),
+            )
+        ]

@@ -76,7 +76,10 @@ def scrape(port: int, path: str = "/metrics", timeout: float = 5.0) -> str:
 
 
 def wait_for(
-    predicate: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.2, what: str = "condition",
+    predicate: Callable[[], T | None],
+    timeout: float = 60.0,
+    interval: float = 0.2,
+    what: str = "condition",
 ) -> T:
     """Poll until ``predicate()`` returns a truthy value; fail with ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -114,7 +117,10 @@ class Daemon:
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(
             soakd_cmd("run", "--metrics-addr", f"127.0.0.1:{self.port}", *args),
-            cwd=cwd, stdout=self._fh, stderr=subprocess.STDOUT, env=full_env,
+            cwd=cwd,
+            stdout=self._fh,
+            stderr=subprocess.STDOUT,
+            env=full_env,
         )
 
     def metrics(self) -> str:
@@ -122,11 +128,13 @@ class Daemon:
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Until measurement has started (the first steady-state request is counted)."""
+
         def started() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"soakd exited early ({self.proc.returncode}):\n{self.output()}")
             v = metric_value(self.metrics(), "soakd_requests_total", 'outcome="ok"')
             return v is not None and v > 0
+
         wait_for(started, timeout, what="soakd to start serving requests")
 
     def output(self) -> str:

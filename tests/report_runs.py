@@ -32,7 +32,8 @@ interval = "0.5s"
 
 CONFIGS = {
     # Lenient SLOs a 2 ms model meets on any machine.
-    "fast": ("""
+    "fast": (
+        """
 [model.options]
 batch_ms = 2.0
 [slo]
@@ -42,19 +43,27 @@ min_throughput_rps = 1
 no_leak = ["host_rss"]
 [slo.stage_p99_ms]
 inference = 5000
-""", "6s"),
+""",
+        "6s",
+    ),
     # The same model made four times slower per batch.
-    "slow": ("""
+    "slow": (
+        """
 [model.options]
 batch_ms = 8.0
-""", "6s"),
+""",
+        "6s",
+    ),
     # An unmeetable p99.
-    "strict": ("""
+    "strict": (
+        """
 [model.options]
 batch_ms = 2.0
 [slo]
 p99_ms = 0.001
-""", "3s"),
+""",
+        "3s",
+    ),
 }
 
 
@@ -85,8 +94,7 @@ class Run:
         return path if path.is_absolute() else REPO / path
 
     def describe(self) -> str:
-        return (f"soakd run ({self.name}) exited {self.rc}\nstdout:\n{self.stdout}\n"
-                f"stderr:\n{self.stderr[-4000:]}")
+        return f"soakd run ({self.name}) exited {self.rc}\nstdout:\n{self.stdout}\nstderr:\n{self.stderr[-4000:]}"
 
 
 _RUNS: dict[str, Run] = {}
@@ -108,8 +116,19 @@ def runs(*names: str) -> dict[str, Run]:
         cfg = folder / "soak.toml"
         cfg.write_text(_COMMON + extra)
         state, summary = folder / "state", folder / "summary.json"
-        cmd = soakd_cmd("run", "--config", str(cfg), "--duration", duration, "--state-dir", str(state),
-                        "--summary-json", str(summary), "--metrics-addr", "127.0.0.1:0")
+        cmd = soakd_cmd(
+            "run",
+            "--config",
+            str(cfg),
+            "--duration",
+            duration,
+            "--state-dir",
+            str(state),
+            "--summary-json",
+            str(summary),
+            "--metrics-addr",
+            "127.0.0.1:0",
+        )
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         procs.append((name, proc, state, summary, cfg))
     for name, proc, state, summary, cfg in procs:

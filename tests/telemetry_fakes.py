@@ -54,10 +54,14 @@ def fixture_json(name: str, root: Path | None = None) -> Any:
 class FakeCuda:
     """torch.cuda's allocator readers, answering with a recorded memory_stats() dict."""
 
-    def __init__(self, stats: dict[str, int] | None = None,
-                 free_total: tuple[int, int] = (60 << 30, 80 << 30),
-                 snapshot: list[dict[str, Any]] | None = None, available: bool = True,
-                 root: Path | None = None) -> None:
+    def __init__(
+        self,
+        stats: dict[str, int] | None = None,
+        free_total: tuple[int, int] = (60 << 30, 80 << 30),
+        snapshot: list[dict[str, Any]] | None = None,
+        available: bool = True,
+        root: Path | None = None,
+    ) -> None:
         """``root``: where recorded device folders live (default tests/fixtures/recorded)."""
         self.stats = dict(stats if stats is not None else fixture_json("torch_memory_stats.json", root))
         self.free_total = free_total
@@ -85,8 +89,14 @@ class FakeNvml:
 
     NVMLError = pynvml.NVMLError
 
-    def __init__(self, pid: int, answers: dict[str, Any] | None = None, init_error: int | None = None,
-                 block: threading.Event | None = None, root: Path | None = None) -> None:
+    def __init__(
+        self,
+        pid: int,
+        answers: dict[str, Any] | None = None,
+        init_error: int | None = None,
+        block: threading.Event | None = None,
+        root: Path | None = None,
+    ) -> None:
         self.answers = answers if answers is not None else fixture_json("nvml_answers.json", root)
         self.pid = pid
         self.init_error = init_error
@@ -133,8 +143,10 @@ class FakeNvml:
         return SimpleNamespace(**self._gpu(h)["memory"])
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[SimpleNamespace]:
-        return [SimpleNamespace(pid=self.pid if p["pid"] == "SELF" else p["pid"],
-                                usedGpuMemory=p["usedGpuMemory"]) for p in self._check(h, "processes")["processes"]]
+        return [
+            SimpleNamespace(pid=self.pid if p["pid"] == "SELF" else p["pid"], usedGpuMemory=p["usedGpuMemory"])
+            for p in self._check(h, "processes")["processes"]
+        ]
 
     def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace:
         return SimpleNamespace(**self._check(h, "utilization")["utilization"])

@@ -101,10 +101,13 @@ def test_hundreds_of_files_in_one_process_without_torch(tmp_path: Path) -> None:
         slope = 50 * 2**20 if i % 2 else 0.0
         v = 1e9 + slope * t / 3600 + rng.normal(0, 2**20, t.size)
         files.append(str(write_trace(tmp_path / f"trace-{i:03d}.csv", t, v)))
-    code = ("import sys; from soakd.cli import main; rc = main(sys.argv[1:]); "
-            "assert 'torch' not in sys.modules, 'torch was imported'; sys.exit(rc)")
-    proc = subprocess.run([sys.executable, "-c", code, "analyze", "--json", *files],
-                          capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys; from soakd.cli import main; rc = main(sys.argv[1:]); "
+        "assert 'torch' not in sys.modules, 'torch was imported'; sys.exit(rc)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "analyze", "--json", *files], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 1, proc.stderr  # leaks judged
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     assert len(rows) == 200
@@ -113,16 +116,20 @@ def test_hundreds_of_files_in_one_process_without_torch(tmp_path: Path) -> None:
     assert sum(r["leak_suspected"] for r in rows[0::2]) <= 2
 
 
-@pytest.mark.parametrize(("content", "where", "what"), [
-    ("t,v\n1,2\n", ":1:", "expected the header 'timestamp_seconds,bytes'"),
-    ("", ":1:", "an empty file"),
-    ("timestamp_seconds,bytes\n1,100\n2,abc\n", ":3:", "not a number"),
-    ("timestamp_seconds,bytes\n1,100\n2,100,3\n", ":3:", "expected 2 columns"),
-    ("timestamp_seconds,bytes\n5,100\n4,100\n", ":3:", "goes back in time"),
-    ("timestamp_seconds,bytes\n1,nan\n", ":2:", "not a finite number"),
-])
-def test_bad_input_names_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                       content: str, where: str, what: str) -> None:
+@pytest.mark.parametrize(
+    ("content", "where", "what"),
+    [
+        ("t,v\n1,2\n", ":1:", "expected the header 'timestamp_seconds,bytes'"),
+        ("", ":1:", "an empty file"),
+        ("timestamp_seconds,bytes\n1,100\n2,abc\n", ":3:", "not a number"),
+        ("timestamp_seconds,bytes\n1,100\n2,100,3\n", ":3:", "expected 2 columns"),
+        ("timestamp_seconds,bytes\n5,100\n4,100\n", ":3:", "goes back in time"),
+        ("timestamp_seconds,bytes\n1,nan\n", ":2:", "not a finite number"),
+    ],
+)
+def test_bad_input_names_file_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, where: str, what: str
+) -> None:
     bad = tmp_path / "bad.csv"
     bad.write_text(content)
     good = write_pattern(tmp_path, "noise", 0)
@@ -140,7 +147,9 @@ def test_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 def test_analyze_imports_no_torch() -> None:
     """The analyze path (CLI, config, detector) stays free of torch: it must start fast."""
-    code = ("import sys; from soakd.cli import build_parser; import soakd.analysis.offline; "
-            "import soakd.config; print('torch' in sys.modules)")
+    code = (
+        "import sys; from soakd.cli import build_parser; import soakd.analysis.offline; "
+        "import soakd.config; print('torch' in sys.modules)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "False", proc.stderr

@@ -19,11 +19,24 @@ def _runs(tmp_path: Path, *models: str) -> list[dict[str, Any]]:
     procs = []
     for i, model in enumerate(models):
         out = tmp_path / f"s{i}.json"
-        cmd = soakd_cmd("run", "--model", model, "--duration", "1s", "--warmup", "2", "--concurrency", "2",
-                        "--metrics-addr", "127.0.0.1:0", "--state-dir", str(tmp_path / f"state{i}"),
-                        "--summary-json", str(out))
-        procs.append((out, subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                            text=True)))
+        cmd = soakd_cmd(
+            "run",
+            "--model",
+            model,
+            "--duration",
+            "1s",
+            "--warmup",
+            "2",
+            "--concurrency",
+            "2",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--state-dir",
+            str(tmp_path / f"state{i}"),
+            "--summary-json",
+            str(out),
+        )
+        procs.append((out, subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
     summaries = []
     for out, proc in procs:
         _, err = proc.communicate(timeout=240)
@@ -43,8 +56,13 @@ def test_two_runs_of_a_builtin_have_one_fingerprint(tmp_path: Path) -> None:
     assert "builtin:convnet" in identity and "no file" in identity and a["run"]["soakd_version"] in identity
     (tmp_path / "a.json").write_text(json.dumps(a))
     (tmp_path / "b.json").write_text(json.dumps(b))
-    res = subprocess.run(soakd_cmd("compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")), cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        soakd_cmd("compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "fingerprints differ" not in res.stdout, res.stdout
 
 

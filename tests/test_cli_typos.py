@@ -35,13 +35,16 @@ def test_mistyped_subcommand_lists_the_subcommands() -> None:
     assert "did you mean" not in error_line(soakd("frobnicate"))  # nothing close: just the list
 
 
-@pytest.mark.parametrize(("args", "typo", "meant"), [
-    (["run", "--duraton", "2s"], "--duraton", "--duration"),
-    (["run", "--modle=builtin:noop"], "--modle", "--model"),
-    (["--duraton", "2s"], "--duraton", "--duration"),  # bare soakd: run's flags
-    (["report", "--state-dri", "x"], "--state-dri", "--state-dir"),  # not 'required: --state-dir'
-    (["compare", "a.json", "b.json", "--confg", "x"], "--confg", "--config"),
-])
+@pytest.mark.parametrize(
+    ("args", "typo", "meant"),
+    [
+        (["run", "--duraton", "2s"], "--duraton", "--duration"),
+        (["run", "--modle=builtin:noop"], "--modle", "--model"),
+        (["--duraton", "2s"], "--duraton", "--duration"),  # bare soakd: run's flags
+        (["report", "--state-dri", "x"], "--state-dri", "--state-dir"),  # not 'required: --state-dir'
+        (["compare", "a.json", "b.json", "--confg", "x"], "--confg", "--config"),
+    ],
+)
 def test_mistyped_flag_gets_the_closest_flag(args: list[str], typo: str, meant: str) -> None:
     """A misspelled flag is named with the flag the user meant (difflib), exit 2."""
     line = error_line(soakd(*args))
@@ -51,7 +54,19 @@ def test_mistyped_flag_gets_the_closest_flag(args: list[str], typo: str, meant: 
 def test_bare_soakd_with_flags_still_runs(tmp_path: Path) -> None:
     """`soakd --model ... --duration 1s` is `soakd run ...`; an abbreviated flag still works."""
     out = tmp_path / "s.json"
-    res = soakd("--model", "builtin:noop", "--dur", "1s", "--warmup", "1", "--metrics-addr", "127.0.0.1:0",
-                "--state-dir", str(tmp_path / "state"), "--summary-json", str(out))
+    res = soakd(
+        "--model",
+        "builtin:noop",
+        "--dur",
+        "1s",
+        "--warmup",
+        "1",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--summary-json",
+        str(out),
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads(out.read_text())["run"]["model"] == "builtin:noop"

@@ -19,13 +19,25 @@ from tests.report_runs import runs, soakd
 
 def doc(throughputs: list[float], p99s: list[float], **extra: Any) -> dict[str, Any]:
     """A summary with per-window figures (1 s windows) and matching aggregates."""
-    windows = [{"t": i + 1.0, "seconds": 1.0, "throughput_rps": t, "ok": int(t), "errors": 0,
-                "latency_ms": {"e2e": {"p50": p / 2, "p90": p * 0.8, "p99": p}}}
-               for i, (t, p) in enumerate(zip(throughputs, p99s, strict=True))]
-    return {"throughput_rps": float(np.mean(throughputs)), "requests": {"ok": int(sum(throughputs))},
-            "latency_ms": {"e2e": {"p50": float(np.mean(p99s)) / 2, "p99": float(np.mean(p99s))}},
-            "windows": windows, "run": {"model_sha256": "abc", "device_name": "cpu", "torch_version": "2.5"},
-            **extra}
+    windows = [
+        {
+            "t": i + 1.0,
+            "seconds": 1.0,
+            "throughput_rps": t,
+            "ok": int(t),
+            "errors": 0,
+            "latency_ms": {"e2e": {"p50": p / 2, "p90": p * 0.8, "p99": p}},
+        }
+        for i, (t, p) in enumerate(zip(throughputs, p99s, strict=True))
+    ]
+    return {
+        "throughput_rps": float(np.mean(throughputs)),
+        "requests": {"ok": int(sum(throughputs))},
+        "latency_ms": {"e2e": {"p50": float(np.mean(p99s)) / 2, "p99": float(np.mean(p99s))}},
+        "windows": windows,
+        "run": {"model_sha256": "abc", "device_name": "cpu", "torch_version": "2.5"},
+        **extra,
+    }
 
 
 def judged(a: dict[str, Any], b: dict[str, Any], cfg: CompareConfig | None = None) -> Comparison:
@@ -94,8 +106,7 @@ class TestNoise:
 
     def test_errors_and_leaks(self) -> None:
         """More failed requests (significantly) and a new leak verdict are regressions."""
-        a = doc([1000.0] * 5, [10.0] * 5, memory={"host_rss": {"leak_suspected": False,
-                                                               "slope_bytes_per_hour": 1.0}})
+        a = doc([1000.0] * 5, [10.0] * 5, memory={"host_rss": {"leak_suspected": False, "slope_bytes_per_hour": 1.0}})
         b = copy.deepcopy(a)
         b["requests"] = {"ok": 4900, "error": 100}
         b["memory"]["host_rss"] = {"leak_suspected": True, "slope_bytes_per_hour": 5e8}

@@ -29,10 +29,13 @@ def summary_of(samples_s: np.ndarray) -> dict[str, Any]:
     return stage_summary(h.snapshot())
 
 
-@pytest.mark.parametrize(("name", "draw", "true_p99_s"), [
-    ("lognormal", lambda rng, n: rng.lognormal(np.log(0.004), 0.6, n), float(np.exp(np.log(0.004) + 0.6 * 2.3263))),
-    ("pareto", lambda rng, n: 0.001 * (1 + rng.pareto(3, n)), 0.001 * 100 ** (1 / 3)),
-])
+@pytest.mark.parametrize(
+    ("name", "draw", "true_p99_s"),
+    [
+        ("lognormal", lambda rng, n: rng.lognormal(np.log(0.004), 0.6, n), float(np.exp(np.log(0.004) + 0.6 * 2.3263))),
+        ("pareto", lambda rng, n: 0.001 * (1 + rng.pareto(3, n)), 0.001 * 100 ** (1 / 3)),
+    ],
+)
 def test_histogram_interval_covers_the_true_p99(name: str, draw: Any, true_p99_s: float) -> None:
     """Over 300 runs of 400 requests, the interval from each run's summary holds the population
     p99 about 95% of the time (at least 93%: 300 trials have about 1.3 points of error of their
@@ -72,8 +75,14 @@ def test_no_count_no_interval() -> None:
 
 def _short(p99_samples: np.ndarray, seconds: float) -> dict[str, Any]:
     stage = summary_of(p99_samples)
-    return {"throughput_rps": stage["count"] / seconds, "duration_seconds": seconds,
-            "requests": {"ok": stage["count"]}, "latency_ms": {"queue": stage}, "windows": [], "run": {}}
+    return {
+        "throughput_rps": stage["count"] / seconds,
+        "duration_seconds": seconds,
+        "requests": {"ok": stage["count"]},
+        "latency_ms": {"queue": stage},
+        "windows": [],
+        "run": {},
+    }
 
 
 def test_two_short_runs_of_one_load_are_within_noise() -> None:
@@ -105,18 +114,28 @@ def test_columns_never_run_together() -> None:
     """Very large and very small figures, long metric names and MiB/h slopes: every column is
     separated by at least two spaces, numbers right-aligned, slopes signed in MiB/h."""
     big, tiny = 11387.83, 0.0001
-    a = {"throughput_rps": 1.5e7, "latency_ms": {"postprocess_with_a_long_name": {"p99": tiny, "p50": tiny}},
-         "requests": {"ok": 10}, "memory": {"host_rss": {"slope_bytes_per_hour": 0.0},
-                                             "torch_cuda_reserved": {"slope_bytes_per_hour": 5059.459 * 2**20}}}
-    b = {"throughput_rps": 0.01, "latency_ms": {"postprocess_with_a_long_name": {"p99": big, "p50": big}},
-         "requests": {"ok": 10, "error": 3}, "memory": {"host_rss": {"slope_bytes_per_hour": -3e12},
-                                                          "torch_cuda_reserved": {"slope_bytes_per_hour": 1.0}}}
+    a = {
+        "throughput_rps": 1.5e7,
+        "latency_ms": {"postprocess_with_a_long_name": {"p99": tiny, "p50": tiny}},
+        "requests": {"ok": 10},
+        "memory": {
+            "host_rss": {"slope_bytes_per_hour": 0.0},
+            "torch_cuda_reserved": {"slope_bytes_per_hour": 5059.459 * 2**20},
+        },
+    }
+    b = {
+        "throughput_rps": 0.01,
+        "latency_ms": {"postprocess_with_a_long_name": {"p99": big, "p50": big}},
+        "requests": {"ok": 10, "error": 3},
+        "memory": {"host_rss": {"slope_bytes_per_hour": -3e12}, "torch_cuda_reserved": {"slope_bytes_per_hour": 1.0}},
+    }
     cmp = Comparison(a, b, CompareConfig()).run()
     lines = comparison_table(cmp)
     for row, line in zip(cmp.rows, lines[1:], strict=True):
         figures = line.split("  (", 1)[0]  # the verdict's reasons follow in parentheses
-        expected = [c for c in (row.metric, row.unit, fmt(row.a, row.unit), fmt(row.b, row.unit), row.change,
-                                row.verdict) if c]
+        expected = [
+            c for c in (row.metric, row.unit, fmt(row.a, row.unit), fmt(row.b, row.unit), row.change, row.verdict) if c
+        ]
         assert re.split(r" {2,}", figures.strip()) == expected, line
     ends = {len(line.split("  (", 1)[0].rstrip()) for line in lines[1:] if line.split("  (", 1)[0].endswith("ok")}
     assert len(ends) == 1, lines  # fixed width: every verdict column ends in the same place
@@ -129,12 +148,28 @@ def test_columns_never_run_together() -> None:
 
 def _run(tmp_path: Path, name: str) -> subprocess.Popen[str]:
     cfg = tmp_path / f"{name}.toml"
-    cfg.write_text('[model]\nspec = "builtin:sleep"\nwarmup = 3\n[model.options]\nbatch_ms = 2.0\n'
-                   '[load]\nconcurrency = 4\n')
+    cfg.write_text(
+        '[model]\nspec = "builtin:sleep"\nwarmup = 3\n[model.options]\nbatch_ms = 2.0\n[load]\nconcurrency = 4\n'
+    )
     return subprocess.Popen(
-        soakd_cmd("run", "--config", str(cfg), "--duration", "4s", "--metrics-addr", "127.0.0.1:0",
-                  "--state-dir", str(tmp_path / f"{name}-state"), "--summary-json", str(tmp_path / f"{name}.json")),
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        soakd_cmd(
+            "run",
+            "--config",
+            str(cfg),
+            "--duration",
+            "4s",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--state-dir",
+            str(tmp_path / f"{name}-state"),
+            "--summary-json",
+            str(tmp_path / f"{name}.json"),
+        ),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +183,7 @@ def two_short_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
 
 
 def compare(a: Path, b: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(soakd_cmd("compare", str(a), str(b)), cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(soakd_cmd("compare", str(a), str(b)), cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
 def test_two_real_short_runs_are_not_a_regression(two_short_runs: tuple[Path, Path]) -> None:

@@ -103,8 +103,9 @@ def test_prometheus_loads_the_repo_rules(name: str) -> None:
     """The Prometheus of each stack reads its config and rules from the mounted prometheus/ directory."""
     prom = load(name)["services"]["prometheus"]
     assert "./prometheus:/etc/prometheus:ro" in prom["volumes"]
-    config = yaml.safe_load((REPO / "prometheus" / flag(prom["command"], "--config.file").rsplit("/", 1)[1])
-                            .read_text())
+    config = yaml.safe_load(
+        (REPO / "prometheus" / flag(prom["command"], "--config.file").rsplit("/", 1)[1]).read_text()
+    )
     assert config["rule_files"] == ["rules/*.yml"]
 
 
@@ -119,6 +120,7 @@ def test_docker_compose_config_accepts_it(name: str) -> None:
     docker = shutil.which("docker")
     if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
         pytest.skip("docker compose plugin not installed")
-    res = subprocess.run([docker, "compose", "-f", name, "config", "--quiet"], cwd=REPO, capture_output=True,
-                         text=True, timeout=60)
+    res = subprocess.run(
+        [docker, "compose", "-f", name, "config", "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0, res.stderr

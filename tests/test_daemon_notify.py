@@ -79,11 +79,23 @@ def test_notify_lifecycle_under_a_fake_systemd(daemon_factory, systemd: FakeSyst
     """READY after warmup, STATUS with throughput and p99, a ping a second, /healthz and /status,
     SIGHUP re-opens the log file, and SIGTERM gives STOPPING=1 and exit 0."""
     cfg = tmp_path / "soak.toml"
-    cfg.write_text('[metrics]\nstatus_interval = "1s"\n[phases]\nramp = "2s"\n'
-                   '[state]\nflush_interval = "500ms"\n')
+    cfg.write_text('[metrics]\nstatus_interval = "1s"\n[phases]\nramp = "2s"\n[state]\nflush_interval = "500ms"\n')
     log_file = tmp_path / "soakd.log"
-    d = daemon_factory("--config", str(cfg), "--model", "builtin:noop", "--warmup", "3", "--rate", "200",
-                       "--state-dir", str(tmp_path / "state"), "--log-file", str(log_file), env=systemd.env())
+    d = daemon_factory(
+        "--config",
+        str(cfg),
+        "--model",
+        "builtin:noop",
+        "--warmup",
+        "3",
+        "--rate",
+        "200",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--log-file",
+        str(log_file),
+        env=systemd.env(),
+    )
     ready = systemd.wait("READY=1")[0][0]
     # Model load and warmup finish before READY: the warmup gauge is already set.
     assert "soakd_warmup_seconds" in scrape(d.port)
@@ -121,10 +133,20 @@ def test_a_hung_model_stops_the_watchdog_pings(daemon_factory, systemd: FakeSyst
     """When inference hangs for good, pings stop (systemd would restart us), /healthz says why, and
     SIGTERM still exits 0 after the bounded drain."""
     cfg = tmp_path / "soak.toml"
-    cfg.write_text('[model.options]\nafter = 100\n[daemon]\nstall_timeout = "1s"\n'
-                   '[load]\ndrain_timeout = "1s"\n')
-    d = daemon_factory("--config", str(cfg), "--model", "builtin:hang", "--warmup", "2", "--rate", "100",
-                       "--state-dir", str(tmp_path / "state"), env=systemd.env())
+    cfg.write_text('[model.options]\nafter = 100\n[daemon]\nstall_timeout = "1s"\n[load]\ndrain_timeout = "1s"\n')
+    d = daemon_factory(
+        "--config",
+        str(cfg),
+        "--model",
+        "builtin:hang",
+        "--warmup",
+        "2",
+        "--rate",
+        "100",
+        "--state-dir",
+        str(tmp_path / "state"),
+        env=systemd.env(),
+    )
     systemd.wait("READY=1")
 
     def silent_for_4s() -> bool:

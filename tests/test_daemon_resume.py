@@ -31,8 +31,18 @@ def test_kill_9_then_restart_resumes_the_run(daemon_factory, tmp_path: Path) -> 
     state = tmp_path / "state"
     cfg = tmp_path / "soak.toml"
     cfg.write_text('[state]\nflush_interval = "300ms"\nwindow = "1s"\n')
-    args = ("--config", str(cfg), "--model", "builtin:noop", "--warmup", "2", "--rate", "300",
-            "--state-dir", str(state))
+    args = (
+        "--config",
+        str(cfg),
+        "--model",
+        "builtin:noop",
+        "--warmup",
+        "2",
+        "--rate",
+        "300",
+        "--state-dir",
+        str(state),
+    )
     env = {"INVOCATION_ID": "0123456789abcdef"}  # what systemd sets: resume the unfinished run
 
     first = daemon_factory(*args, env=env)
@@ -48,8 +58,9 @@ def test_kill_9_then_restart_resumes_the_run(daemon_factory, tmp_path: Path) -> 
     assert second.proc.wait(60) == 0, second.output()
     assert "resuming run" in second.output()
 
-    res = subprocess.run(soakd_cmd("report", "--state-dir", str(state), "--format", "json"),
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        soakd_cmd("report", "--state-dir", str(state), "--format", "json"), capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
     segs = report["segments"]
@@ -70,11 +81,24 @@ def test_corrupt_state_file_does_not_stop_the_soak(daemon_factory, tmp_path: Pat
     state = tmp_path / "state"
     state.mkdir()
     (state / DB_NAME).write_bytes(b"\x00garbage" * 512)
-    d = daemon_factory("--model", "builtin:noop", "--warmup", "2", "--concurrency", "2", "--duration", "2s",
-                       "--state-dir", str(state), "--run-id", "fresh")
+    d = daemon_factory(
+        "--model",
+        "builtin:noop",
+        "--warmup",
+        "2",
+        "--concurrency",
+        "2",
+        "--duration",
+        "2s",
+        "--state-dir",
+        str(state),
+        "--run-id",
+        "fresh",
+    )
     assert d.proc.wait(60) == 0, d.output()
     assert "is corrupt" in d.output() and "started a fresh one" in d.output()
     assert list(state.glob(f"{DB_NAME}.corrupt-*"))
-    res = subprocess.run(soakd_cmd("report", "--state-dir", str(state), "--run-id", "fresh"),
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        soakd_cmd("report", "--state-dir", str(state), "--run-id", "fresh"), capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0 and json.loads(res.stdout)["requests"]["ok"] > 0

@@ -34,13 +34,13 @@ def _copy(unit: str, dest: Path) -> Path:
     return out
 
 
-@pytest.mark.parametrize("unit,verify_as", [("soakd.service", "soakd.service"),
-                                             ("soakd@.service", "soakd@0.service")])
+@pytest.mark.parametrize("unit,verify_as", [("soakd.service", "soakd.service"), ("soakd@.service", "soakd@0.service")])
 def test_units_pass_systemd_analyze_verify(unit: str, verify_as: str, tmp_path: Path) -> None:
     """`systemd-analyze verify` accepts the unit (the template as instance 0) without a warning."""
     _copy(unit, tmp_path)
-    res = subprocess.run(["systemd-analyze", "verify", str(tmp_path / verify_as)], capture_output=True,
-                         text=True, timeout=60)
+    res = subprocess.run(
+        ["systemd-analyze", "verify", str(tmp_path / verify_as)], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0, res.stderr
     assert res.stderr.strip() == "", res.stderr
 
@@ -49,9 +49,18 @@ def test_units_pass_systemd_analyze_verify(unit: str, verify_as: str, tmp_path: 
 def test_units_declare_notify_watchdog_restart_and_hardening(unit: str) -> None:
     """Type=notify with a watchdog, restarts on failure but not on config errors, and hardened."""
     lines = {line.strip() for line in (UNITS / unit).read_text().splitlines()}
-    for setting in ("Type=notify", "Restart=on-failure", "RestartPreventExitStatus=1 2", "NoNewPrivileges=yes",
-                    "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "DevicePolicy=closed",
-                    "DeviceAllow=/dev/nvidiactl rw", "DeviceAllow=/dev/nvidia-uvm rw"):
+    for setting in (
+        "Type=notify",
+        "Restart=on-failure",
+        "RestartPreventExitStatus=1 2",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ProtectHome=yes",
+        "PrivateTmp=yes",
+        "DevicePolicy=closed",
+        "DeviceAllow=/dev/nvidiactl rw",
+        "DeviceAllow=/dev/nvidia-uvm rw",
+    ):
         assert setting in lines, setting
     keys = {line.split("=", 1)[0] for line in lines if "=" in line and not line.startswith("#")}
     assert {"WatchdogSec", "TimeoutStartSec", "StateDirectory", "CacheDirectory", "EnvironmentFile"} <= keys
@@ -77,7 +86,7 @@ def test_template_instances_get_their_own_metrics_port() -> None:
     def addr(instance: str, env: dict[str, str]) -> str:
         args = _exec_start_args("soakd@.service", instance, env)
         i = args.index("--config")
-        del args[i:i + 2]  # /etc/soakd/soakd.toml is not on this machine
+        del args[i : i + 2]  # /etc/soakd/soakd.toml is not on this machine
         return load_config(None, _overrides(build_parser().parse_args(args))).metrics.addr
 
     addrs = [addr(str(n), {}) for n in range(8)]

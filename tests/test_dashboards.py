@@ -141,10 +141,19 @@ def test_overview_covers_what_an_operator_watches() -> None:
     """Overview: run, phase, throughput, per-stage latency and heatmap, lag, batching, leaks, collectors."""
     d = load(GRAFANA / "dashboards" / "soakd-overview.json")
     text = json.dumps(d)
-    for metric in ("soakd_run_info", "soakd_phase_info", "soakd_requests_total",
-                   "soakd_request_duration_seconds", "soakd_schedule_lag_seconds", "soakd_batch_size",
-                   "soakd_queue_depth", "soakd_leak_suspected", "soakd_leak_slope_bytes_per_hour",
-                   "soakd_memory_exhaustion_eta_seconds", "soakd_collector_up"):
+    for metric in (
+        "soakd_run_info",
+        "soakd_phase_info",
+        "soakd_requests_total",
+        "soakd_request_duration_seconds",
+        "soakd_schedule_lag_seconds",
+        "soakd_batch_size",
+        "soakd_queue_depth",
+        "soakd_leak_suspected",
+        "soakd_leak_slope_bytes_per_hour",
+        "soakd_memory_exhaustion_eta_seconds",
+        "soakd_collector_up",
+    ):
         assert metric in text, metric
     assert any(p["type"] == "heatmap" for p in d["panels"])
 
@@ -152,24 +161,38 @@ def test_overview_covers_what_an_operator_watches() -> None:
 def test_memory_dashboard_covers_allocator_vram_and_host() -> None:
     """Memory: allocator (allocated ... OOMs), VRAM per GPU and process, RSS/USS, malloc, GC."""
     text = (GRAFANA / "dashboards" / "soakd-memory.json").read_text()
-    for metric in ("soakd_torch_cuda_allocated_bytes", "soakd_torch_cuda_reserved_bytes",
-                   "soakd_torch_cuda_inactive_split_bytes", "soakd_torch_cuda_fragmentation_ratio",
-                   "soakd_torch_cuda_alloc_retries_total", "soakd_torch_cuda_ooms_total",
-                   "soakd_gpu_memory_used_bytes", "soakd_gpu_process_memory_bytes",
-                   "soakd_process_resident_memory_bytes", "soakd_process_unique_memory_bytes",
-                   "soakd_malloc_in_use_bytes", "soakd_malloc_free_bytes",
-                   "soakd_python_gc_collections_total"):
+    for metric in (
+        "soakd_torch_cuda_allocated_bytes",
+        "soakd_torch_cuda_reserved_bytes",
+        "soakd_torch_cuda_inactive_split_bytes",
+        "soakd_torch_cuda_fragmentation_ratio",
+        "soakd_torch_cuda_alloc_retries_total",
+        "soakd_torch_cuda_ooms_total",
+        "soakd_gpu_memory_used_bytes",
+        "soakd_gpu_process_memory_bytes",
+        "soakd_process_resident_memory_bytes",
+        "soakd_process_unique_memory_bytes",
+        "soakd_malloc_in_use_bytes",
+        "soakd_malloc_free_bytes",
+        "soakd_python_gc_collections_total",
+    ):
         assert metric in text, metric
 
 
 def test_provisioning_points_grafana_at_prometheus_and_the_dashboards() -> None:
     """A Prometheus data source and a file provider whose path is where compose mounts grafana/dashboards."""
-    sources = [ds for f in (GRAFANA / "provisioning" / "datasources").glob("*.yml")
-               for ds in yaml.safe_load(f.read_text())["datasources"]]
+    sources = [
+        ds
+        for f in (GRAFANA / "provisioning" / "datasources").glob("*.yml")
+        for ds in yaml.safe_load(f.read_text())["datasources"]
+    ]
     assert [ds["type"] for ds in sources] == ["prometheus"]
     assert sources[0]["isDefault"] is True and sources[0]["url"]
-    providers = [p for f in (GRAFANA / "provisioning" / "dashboards").glob("*.yml")
-                 for p in yaml.safe_load(f.read_text())["providers"]]
+    providers = [
+        p
+        for f in (GRAFANA / "provisioning" / "dashboards").glob("*.yml")
+        for p in yaml.safe_load(f.read_text())["providers"]
+    ]
     assert len(providers) == 1 and providers[0]["type"] == "file"
     dash_path = providers[0]["options"]["path"]
     for compose in ("docker-compose.yml", "docker-compose.host.yml"):

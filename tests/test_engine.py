@@ -16,14 +16,20 @@ from soakd.telemetry.catalogue import Metrics
 from soakd.workload.shapes import ShapeSource
 
 
-def run_engine(seconds: float, spec: str = "builtin:noop", options: dict[str, Any] | None = None,
-               shapes: str = "16", **overrides: Any) -> Engine:
+def run_engine(
+    seconds: float,
+    spec: str = "builtin:noop",
+    options: dict[str, Any] | None = None,
+    shapes: str = "16",
+    **overrides: Any,
+) -> Engine:
     ov = {k.replace("__", "."): v for k, v in overrides.items()}
     cfg = load_config(None, {"model.spec": spec, "model.device": "cpu", "input.shapes": shapes, **ov})
     cfg.model.options = options or {}
     model = load_model(cfg.model.spec, "cpu", options=cfg.model.options)
-    engine = Engine(LocalModelTarget(model.fn, model.device, instances=cfg.batcher.instances), ShapeSource(shapes), cfg,
-                    Metrics())
+    engine = Engine(
+        LocalModelTarget(model.fn, model.device, instances=cfg.batcher.instances), ShapeSource(shapes), cfg, Metrics()
+    )
     engine.start()
     time.sleep(seconds)
     assert engine.stop(drain_timeout=10.0), "engine did not drain"
@@ -43,10 +49,17 @@ def test_closed_loop_fills_batches() -> None:
 
 def test_model_instances_share_the_load() -> None:
     """Several model instances run batches side by side: a sleeping model's throughput scales with them."""
-    one = run_engine(1.0, spec="builtin:sleep", options={"batch_ms": 20.0}, load__concurrency=8,
-                     batcher__max_batch_size=1)
-    four = run_engine(1.0, spec="builtin:sleep", options={"batch_ms": 20.0}, load__concurrency=8,
-                      batcher__max_batch_size=1, batcher__instances=4)
+    one = run_engine(
+        1.0, spec="builtin:sleep", options={"batch_ms": 20.0}, load__concurrency=8, batcher__max_batch_size=1
+    )
+    four = run_engine(
+        1.0,
+        spec="builtin:sleep",
+        options={"batch_ms": 20.0},
+        load__concurrency=8,
+        batcher__max_batch_size=1,
+        batcher__instances=4,
+    )
     assert four.stats().completed["ok"] > 2.5 * one.stats().completed["ok"]
     assert four.stats().inflight == 0
 
@@ -68,8 +81,14 @@ def test_open_loop_sends_at_the_configured_rate() -> None:
 
 def test_open_loop_drops_beyond_the_inflight_cap() -> None:
     """When the model cannot keep up, open loop drops (and counts) requests instead of slowing down."""
-    engine = run_engine(1.5, spec="builtin:sleep", options={"batch_ms": 50.0}, load__rate=300,
-                        load__max_inflight=4, batcher__max_batch_size=1)
+    engine = run_engine(
+        1.5,
+        spec="builtin:sleep",
+        options={"batch_ms": 50.0},
+        load__rate=300,
+        load__max_inflight=4,
+        batcher__max_batch_size=1,
+    )
     stats = engine.stats()
     assert stats.completed["dropped"] > 100
     assert stats.completed["ok"] < 60
@@ -82,8 +101,13 @@ def test_open_loop_latency_counts_from_the_intended_start() -> None:
     when the engine got round to them) is what puts the stall into their latency.
     """
     engine = run_engine(
-        4.0, spec="builtin:sleep", options={"batch_ms": 1.0, "stall_every": 60, "stall_ms": 400.0},
-        load__rate=200, load__arrival="constant", batcher__max_batch_size=8, batcher__max_queue_delay_ms=0,
+        4.0,
+        spec="builtin:sleep",
+        options={"batch_ms": 1.0, "stall_every": 60, "stall_ms": 400.0},
+        load__rate=200,
+        load__arrival="constant",
+        batcher__max_batch_size=8,
+        batcher__max_queue_delay_ms=0,
     )
     stats = engine.stats()
     e2e, inference = stats.stages["e2e"], stats.stages["inference"]
@@ -102,8 +126,10 @@ def test_model_errors_are_counted_and_the_soak_goes_on() -> None:
             raise ValueError("bad batch")
         return x
 
-    cfg = load_config(None, {"model.spec": "builtin:noop", "input.shapes": "4", "load.concurrency": "2",
-                             "batcher.max_batch_size": "1"})
+    cfg = load_config(
+        None,
+        {"model.spec": "builtin:noop", "input.shapes": "4", "load.concurrency": "2", "batcher.max_batch_size": "1"},
+    )
     engine = Engine(LocalModelTarget(flaky, torch.device("cpu")), ShapeSource("4"), cfg, Metrics())
     engine.start()
     time.sleep(0.5)

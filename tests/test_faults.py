@@ -33,9 +33,24 @@ def test_errors_and_ooms_are_counted_and_the_run_goes_on(daemon_factory, tmp_pat
     cfg = tmp_path / "soak.toml"
     cfg.write_text("[model.options]\nerror_every = 5\noom_every = 7\nafter = 2\n")
     out = tmp_path / "summary.json"
-    d = daemon_factory("--config", str(cfg), "--model", "builtin:flaky", "--warmup", "2",
-                       "--concurrency", "2", "--max-batch-size", "1", "--duration", "2s",
-                       "--summary-json", str(out), "--state-dir", str(tmp_path / "state"))
+    d = daemon_factory(
+        "--config",
+        str(cfg),
+        "--model",
+        "builtin:flaky",
+        "--warmup",
+        "2",
+        "--concurrency",
+        "2",
+        "--max-batch-size",
+        "1",
+        "--duration",
+        "2s",
+        "--summary-json",
+        str(out),
+        "--state-dir",
+        str(tmp_path / "state"),
+    )
     assert d.proc.wait(120) == 0, d.output()
     req = json.loads(out.read_text())["requests"]
     assert req["error"] > 0 and req["oom"] > 0
@@ -47,11 +62,18 @@ def test_errors_and_ooms_are_counted_and_the_run_goes_on(daemon_factory, tmp_pat
 
 def test_slow_batches_count_as_timeouts_with_their_latency() -> None:
     """Batches slower than batcher.inference_timeout are outcome=timeout, still in the latency histograms."""
-    engine, _ = start_engine("builtin:sleep", {"batch_ms": 0.0, "stall_every": 2, "stall_ms": 30.0},
-                             load__concurrency=1, batcher__inference_timeout="10ms")
+    engine, _ = start_engine(
+        "builtin:sleep",
+        {"batch_ms": 0.0, "stall_every": 2, "stall_ms": 30.0},
+        load__concurrency=1,
+        batcher__inference_timeout="10ms",
+    )
     try:
-        wait_for(lambda: min(engine.stats().completed["timeout"], engine.stats().completed["ok"]) >= 5, 30,
-                 what="both ok and timeout outcomes")
+        wait_for(
+            lambda: min(engine.stats().completed["timeout"], engine.stats().completed["ok"]) >= 5,
+            30,
+            what="both ok and timeout outcomes",
+        )
     finally:
         assert engine.stop(drain_timeout=10)
     stats = engine.stats()

@@ -30,8 +30,9 @@ def test_dry_run_skips_every_step_and_writes_its_report(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHON": sys.executable}
     if torch.cuda.is_available():  # a GPU host: still the dry mode, not the 8-minute check
         env["SOAKD_GPU_CHECK_NO_CUDA"] = "1"
-    proc = subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh"), str(out)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["bash", str(REPO / "bench" / "gpu_check.sh"), str(out)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     skipped = [line for line in lines if "skipped: no CUDA" in line]
@@ -49,8 +50,7 @@ def test_dry_run_skips_every_step_and_writes_its_report(tmp_path: Path) -> None:
 
 def test_the_script_refuses_a_missing_out_folder() -> None:
     """No OUT argument: usage on stderr, exit 2."""
-    proc = subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh")], capture_output=True, text=True,
-                          timeout=30)
+    proc = subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh")], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "usage: bash bench/gpu_check.sh OUT_DIR" in proc.stderr
 
 
@@ -76,12 +76,17 @@ def _alive(pid: int) -> bool:
 def test_a_step_past_its_timeout_is_killed_with_its_children(tmp_path: Path) -> None:
     """The step and the process it started are both gone soon after the timeout; status timeout."""
     pidfile = tmp_path / "child.pid"
-    argv = _script(tmp_path, "stuck", (
-        "import subprocess, sys, time\n"
-        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
-        "print('started', flush=True)\n"
-        "time.sleep(120)\n"))
+    argv = _script(
+        tmp_path,
+        "stuck",
+        (
+            "import subprocess, sys, time\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+            f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+            "print('started', flush=True)\n"
+            "time.sleep(120)\n"
+        ),
+    )
     t0 = time.monotonic()
     rec = gpu_check.run_step("stuck", argv, 2.0, tmp_path / "stuck.log", tmp_path / "stuck.json")
     assert time.monotonic() - t0 < 2.0 + 2 * gpu_check.KILL_GRACE_S
@@ -96,15 +101,22 @@ def test_a_step_past_its_timeout_is_killed_with_its_children(tmp_path: Path) -> 
 
 def test_a_failing_and_a_stuck_step_are_recorded_and_the_next_steps_still_run(tmp_path: Path) -> None:
     """Statuses timeout, failed (exit 1), failed (a false check), passed; exit 1; one log section each."""
-    steps = [gpu_check.Step("stuck", "a step that hangs", 1.5), gpu_check.Step("crash", "a step that exits 1", 10),
-             gpu_check.Step("claim", "a step whose check fails", 10), gpu_check.Step("good", "a step that passes", 10)]
+    steps = [
+        gpu_check.Step("stuck", "a step that hangs", 1.5),
+        gpu_check.Step("crash", "a step that exits 1", 10),
+        gpu_check.Step("claim", "a step whose check fails", 10),
+        gpu_check.Step("good", "a step that passes", 10),
+    ]
     codes = {
         "stuck": "import time; time.sleep(60)",
         "crash": "import sys; print('boom'); sys.exit(1)",
-        "claim": ("import json, sys; json.dump({'figures': {'x': 1}, 'checks': {'x is 2': False}}, "
-                  "open(sys.argv[1], 'w'))"),
-        "good": ("import json, sys; json.dump({'figures': {'rps': 12.5, 'nested': {'a': [1, 2]}}, "
-                 "'checks': {'fast enough': True}}, open(sys.argv[1], 'w'))"),
+        "claim": (
+            "import json, sys; json.dump({'figures': {'x': 1}, 'checks': {'x is 2': False}}, open(sys.argv[1], 'w'))"
+        ),
+        "good": (
+            "import json, sys; json.dump({'figures': {'rps': 12.5, 'nested': {'a': [1, 2]}}, "
+            "'checks': {'fast enough': True}}, open(sys.argv[1], 'w'))"
+        ),
     }
 
     def argv_for(step: gpu_check.Step, out: Path, work: Path, result: Path) -> list[str]:
@@ -121,8 +133,7 @@ def test_a_failing_and_a_stuck_step_are_recorded_and_the_next_steps_still_run(tm
     good = report["steps"][3]
     assert good["figures"] == {"rps": 12.5, "nested": {"a": [1, 2]}}
     log = (out / "gpu_check.log").read_text()
-    assert [line for line in log.splitlines() if line.startswith("=====")] == [
-        f"===== {s.title} =====" for s in steps]
+    assert [line for line in log.splitlines() if line.startswith("=====")] == [f"===== {s.title} =====" for s in steps]
     assert "boom" in log
     md = (out / "gpu_check.md").read_text()
     assert "| good | rps | 12.5 |" in md and "| good | nested.a | 1, 2 |" in md
@@ -146,15 +157,40 @@ def test_steps_past_the_budget_are_skipped_not_started(tmp_path: Path) -> None:
 
 def test_the_markdown_holds_the_batch_table_beside_the_article_and_every_figure() -> None:
     """Batch rows with the seed article's own figures where it gave them; every other figure flattened."""
-    row = {"max_batch_size": 4, "concurrency": 8, "soakd_rps": 1800.5, "soakd_p50_ms": 1.1, "soakd_p99_ms": 3.2,
-           "mean_batch": 3.9, "torch_reserved_peak_mib": 210.0, "nvml_process_peak_mib": None,
-           "nvml_device_used_peak_mib": 230.0, "bottleneck": "model-bound", "stable": True,
-           "offline_img_per_s": 1900.0, "seed_img_per_s": 1500.0, "seed_p99_ms": 2.5, "soakd_over_offline": 0.948}
-    report = {"cuda": True, "gpu": {"name": "NVIDIA H200"}, "steps": [
-        {"name": "table", "status": "passed", "checks": {"every batch size measured": True},
-         "figures": {"batch_table": [row, {**row, "max_batch_size": 16}], "knee": 8}},
-        {"name": "costs", "status": "passed", "figures": {"calls_us": {"torch.cuda.memory_stats()": {"median": 4.25}},
-                                                            "note": "a|b"}}]}
+    row = {
+        "max_batch_size": 4,
+        "concurrency": 8,
+        "soakd_rps": 1800.5,
+        "soakd_p50_ms": 1.1,
+        "soakd_p99_ms": 3.2,
+        "mean_batch": 3.9,
+        "torch_reserved_peak_mib": 210.0,
+        "nvml_process_peak_mib": None,
+        "nvml_device_used_peak_mib": 230.0,
+        "bottleneck": "model-bound",
+        "stable": True,
+        "offline_img_per_s": 1900.0,
+        "seed_img_per_s": 1500.0,
+        "seed_p99_ms": 2.5,
+        "soakd_over_offline": 0.948,
+    }
+    report = {
+        "cuda": True,
+        "gpu": {"name": "NVIDIA H200"},
+        "steps": [
+            {
+                "name": "table",
+                "status": "passed",
+                "checks": {"every batch size measured": True},
+                "figures": {"batch_table": [row, {**row, "max_batch_size": 16}], "knee": 8},
+            },
+            {
+                "name": "costs",
+                "status": "passed",
+                "figures": {"calls_us": {"torch.cuda.memory_stats()": {"median": 4.25}}, "note": "a|b"},
+            },
+        ],
+    }
     md = gpu_check.render_markdown(report)
     assert md.startswith("# soakd GPU check: NVIDIA H200")
     same = "| 8 | 1800 | 1.1 | 3.2 | 3.9 | 210 | – | 230 | model-bound | yes | 1900 | 1500 | 2.5 | 0.948 |"
@@ -180,8 +216,10 @@ def test_the_soak_and_fixture_configs_are_valid_soakd_configs(tmp_path: Path) ->
 
 def test_the_sweep_and_run_commands_use_flags_soakd_has(tmp_path: Path) -> None:
     """Each --flag of the planned soakd sweep and soakd run commands is in that command's --help."""
-    for cmd in (gpu_steps.sweep_cmd(tmp_path, gpu_steps.BATCHES, 5.0),
-                gpu_steps.run_cmd(tmp_path / "c.toml", 9999, tmp_path / "state", tmp_path / "s.json")):
+    for cmd in (
+        gpu_steps.sweep_cmd(tmp_path, gpu_steps.BATCHES, 5.0),
+        gpu_steps.run_cmd(tmp_path / "c.toml", 9999, tmp_path / "state", tmp_path / "s.json"),
+    ):
         sub = cmd[3]
         helptext = subprocess.run([*cmd[:4], "--help"], capture_output=True, text=True, timeout=60).stdout
         flags = [a for a in cmd if a.startswith("--")]
@@ -199,8 +237,17 @@ def test_the_sweep_log_lines_that_mark_steps_are_the_ones_soakd_sweep_writes(tmp
     assert markers == ["start", "step", "step"]
     steps = json.loads((tmp_path / "sweep.json").read_text())["steps"]
     assert [s["max_batch_size"] for s in steps] == [1, 2]
-    read = {"max_batch_size", "concurrency", "throughput_rps", "p50_ms", "p99_ms", "mean_batch_size",
-            "peak_gpu_memory_bytes", "bottleneck", "stable"}  # what step_table reads from each step
+    read = {
+        "max_batch_size",
+        "concurrency",
+        "throughput_rps",
+        "p50_ms",
+        "p99_ms",
+        "mean_batch_size",
+        "peak_gpu_memory_bytes",
+        "bottleneck",
+        "stable",
+    }  # what step_table reads from each step
     assert read <= set(steps[0]), sorted(read - set(steps[0]))
 
 
@@ -234,10 +281,12 @@ def test_the_planted_oom_model_loads_through_soakd_and_runs_on_cpu() -> None:
 
 
 def test_the_nvidia_smi_excerpt_keeps_versions_and_memory() -> None:
-    text = ("==============NVSMI LOG==============\nDriver Version                            : 580.159.03\n"
-            "CUDA Version                              : 13.0\n"
-            "    Product Name                          : NVIDIA H200\n"
-            "    Serial Number                         : 1234\n    FB Memory Usage\n"
-            "        Total                             : 143771 MiB\n")
+    text = (
+        "==============NVSMI LOG==============\nDriver Version                            : 580.159.03\n"
+        "CUDA Version                              : 13.0\n"
+        "    Product Name                          : NVIDIA H200\n"
+        "    Serial Number                         : 1234\n    FB Memory Usage\n"
+        "        Total                             : 143771 MiB\n"
+    )
     got = gpu_steps.nvidia_smi_excerpt(text)
     assert [line.split(":")[0].strip() for line in got] == ["Driver Version", "CUDA Version", "Product Name", "Total"]

@@ -30,11 +30,16 @@ def no_dac_override() -> tuple[str, ...]:
 
 
 def soak(*args: str, prefix: tuple[str, ...] = (), timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*prefix, *soakd_cmd("run", "--metrics-addr", "127.0.0.1:0", "--warmup", "2", *args)],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [*prefix, *soakd_cmd("run", "--metrics-addr", "127.0.0.1:0", "--warmup", "2", *args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 # --------------------------------------------------------------------------- sample folders
+
 
 def test_loops_unreadable_folders_and_text_beside_images_are_skipped_and_named_once(tmp_path: Path) -> None:
     """A symlink loop, a link to itself, an unreadable folder and a labels.txt in an image model's
@@ -52,8 +57,21 @@ def test_loops_unreadable_folders_and_text_beside_images_are_skipped_and_named_o
     locked.chmod(0)
     out = tmp_path / "summary.json"
     try:
-        proc = soak("--model", "builtin:convnet", "--input-shapes", "3x32x32", "--samples", str(samples),
-                    "--concurrency", "4", "--duration", "3s", "--summary-json", str(out), prefix=no_dac_override())
+        proc = soak(
+            "--model",
+            "builtin:convnet",
+            "--input-shapes",
+            "3x32x32",
+            "--samples",
+            str(samples),
+            "--concurrency",
+            "4",
+            "--duration",
+            "3s",
+            "--summary-json",
+            str(out),
+            prefix=no_dac_override(),
+        )
     finally:
         locked.chmod(0o755)
     assert proc.returncode == 0, proc.stderr
@@ -97,12 +115,33 @@ def test_large_files_are_bad_input_and_memory_stays_bounded(tmp_path: Path) -> N
         fh.write("0.5]}")
     (samples / "ok.txt").write_text("a small line of text\n")
     out = tmp_path / "summary.json"
-    wrapper = ("import resource, subprocess, sys; rc = subprocess.call(sys.argv[1:]); "
-               "print('maxrss_kib', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
-               "sys.exit(rc)")
-    cmd = [sys.executable, "-c", wrapper, *soakd_cmd(
-        "run", "--metrics-addr", "127.0.0.1:0", "--warmup", "2", "--model", "builtin:noop", "--samples", str(samples),
-        "--concurrency", "4", "--duration", "3s", "--summary-json", str(out))]
+    wrapper = (
+        "import resource, subprocess, sys; rc = subprocess.call(sys.argv[1:]); "
+        "print('maxrss_kib', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
+        "sys.exit(rc)"
+    )
+    cmd = [
+        sys.executable,
+        "-c",
+        wrapper,
+        *soakd_cmd(
+            "run",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--warmup",
+            "2",
+            "--model",
+            "builtin:noop",
+            "--samples",
+            str(samples),
+            "--concurrency",
+            "4",
+            "--duration",
+            "3s",
+            "--summary-json",
+            str(out),
+        ),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(out.read_text())
@@ -125,24 +164,31 @@ def test_a_sample_over_the_limit_is_read_no_further(tmp_path: Path) -> None:
     src = SampleSource(str(tmp_path), Preprocessor(None, max_sample_bytes=1000))
     lines = [item for item in (src.next()[1] for _ in range(4)) if isinstance(item, TextLine)]
     assert [(line.text, line.error is not None) for line in lines] == [
-        ("short one", False), ("", True), ("short two", False)]
+        ("short one", False),
+        ("", True),
+        ("short two", False),
+    ]
 
 
 # --------------------------------------------------------------------------- model files
 
+
 @pytest.mark.parametrize(
     ("source", "needles"),
     [
-        ("import soakd_no_such_module\n\ndef make():\n    return None\n",
-         ("ModuleNotFoundError", "soakd_no_such_module")),
+        (
+            "import soakd_no_such_module\n\ndef make():\n    return None\n",
+            ("ModuleNotFoundError", "soakd_no_such_module"),
+        ),
         ("def make(:\n    return None\n", ("SyntaxError", ":1")),
         ("raise RuntimeError('weights not found at /models/x')\n", ("RuntimeError", "weights not found")),
         ("import sys\nsys.exit(0)\n", ("SystemExit",)),
     ],
     ids=["import-error", "syntax-error", "raises", "sys-exit"],
 )
-def test_a_model_file_that_does_not_import_is_exit_2_naming_it(tmp_path: Path, source: str,
-                                                              needles: tuple[str, ...]) -> None:
+def test_a_model_file_that_does_not_import_is_exit_2_naming_it(
+    tmp_path: Path, source: str, needles: tuple[str, ...]
+) -> None:
     """`python:FILE.py:make` whose module fails to import: exit 2, one line with the file and the cause."""
     model = tmp_path / "model.py"
     model.write_text(source)

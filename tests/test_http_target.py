@@ -33,8 +33,12 @@ class Server:
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self) -> Server:
-        self.proc = subprocess.Popen([sys.executable, str(SERVER), str(self.port), *self.args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(SERVER), str(self.port), *self.args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         assert line.startswith("ready"), line
@@ -76,15 +80,30 @@ def bodies(tmp_path: Path) -> Path:
 
 
 def run_soakd(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(soakd_cmd("run", "--metrics-addr", f"127.0.0.1:{free_port()}", *args),
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.run(
+        soakd_cmd("run", "--metrics-addr", f"127.0.0.1:{free_port()}", *args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def soak(url: str, bodies: Path, tmp_path: Path, *args: str) -> dict[str, Any]:
     out = tmp_path / "summary.json"
-    res = run_soakd("--target", url, "--api", "http", "--samples", str(bodies), "--summary-json", str(out),
-                    "--state-dir", str(tmp_path / "state"), *args)
+    res = run_soakd(
+        "--target",
+        url,
+        "--api",
+        "http",
+        "--samples",
+        str(bodies),
+        "--summary-json",
+        str(out),
+        "--state-dir",
+        str(tmp_path / "state"),
+        *args,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     return json.loads(out.read_text())  # type: ignore[no-any-return]
 
@@ -141,10 +160,27 @@ def test_unreachable_target_at_start_is_exit_2(bodies: Path) -> None:
     """Connection refused, or a port that does not speak HTTP: exit 2 naming the URL, no traceback."""
     sock, port = _garbage_server()
     refused, garbage = f"http://127.0.0.1:{free_port()}/predict", f"http://127.0.0.1:{port}/"
-    procs = [subprocess.Popen(soakd_cmd("run", "--metrics-addr", f"127.0.0.1:{free_port()}", "--target", url,
-                                        "--api", "http", "--samples", str(bodies), "--duration", "2s"),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for url in (refused, garbage)]  # side by side: each start costs seconds on a busy CI host
+    procs = [
+        subprocess.Popen(
+            soakd_cmd(
+                "run",
+                "--metrics-addr",
+                f"127.0.0.1:{free_port()}",
+                "--target",
+                url,
+                "--api",
+                "http",
+                "--samples",
+                str(bodies),
+                "--duration",
+                "2s",
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for url in (refused, garbage)
+    ]  # side by side: each start costs seconds on a busy CI host
     try:
         (_, err_refused), (_, err_garbage) = (p.communicate(timeout=60) for p in procs)
     finally:
@@ -161,8 +197,19 @@ def test_server_that_stops_answering_is_a_timeout(bodies: Path, tmp_path: Path) 
     cfg = tmp_path / "soak.toml"
     cfg.write_text('[target]\ntimeout = "0.3s"\n')
     try:
-        s = soak(srv.url("/stall"), bodies, tmp_path, "--config", str(cfg), "--concurrency", "4",
-                 "--duration", "3s", "--warmup", "0")
+        s = soak(
+            srv.url("/stall"),
+            bodies,
+            tmp_path,
+            "--config",
+            str(cfg),
+            "--concurrency",
+            "4",
+            "--duration",
+            "3s",
+            "--warmup",
+            "0",
+        )
     finally:
         srv.kill()
     req = s["requests"]
@@ -172,12 +219,15 @@ def test_server_that_stops_answering_is_a_timeout(bodies: Path, tmp_path: Path) 
     assert 290.0 <= s["latency_ms"]["e2e"]["max"] < 600.0  # cut at the timeout, not the 1 s pause
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (["--api", "openai"], "target.api: openai is not built yet"),
-    (["--api", "http", "--model", "builtin:noop"], "--model and --target: choose one"),
-    (["--api", "http"], "input.samples"),  # no --samples at all
-    (["--api", "http", "--samples", "EMPTY"], "EMPTY: no .json files"),
-])
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--api", "openai"], "target.api: openai is not built yet"),
+        (["--api", "http", "--model", "builtin:noop"], "--model and --target: choose one"),
+        (["--api", "http"], "input.samples"),  # no --samples at all
+        (["--api", "http", "--samples", "EMPTY"], "EMPTY: no .json files"),
+    ],
+)
 def test_target_usage_errors_are_exit_2(args: list[str], says: str, tmp_path: Path) -> None:
     """Each mistake is one line naming the key or dir, exit 2."""
     (tmp_path / "EMPTY").mkdir()
@@ -200,9 +250,27 @@ def test_server_killed_and_restarted_mid_soak(server: Server, bodies: Path, tmp_
     """The soak goes on through an outage: errors counted, target_up 0 then 1, /healthz says why,
     and the summary holds the down time."""
     out = tmp_path / "summary.json"
-    d = Daemon(["--target", server.url("/ok"), "--api", "http", "--samples", str(bodies), "--concurrency", "4",
-                "--duration", "9s", "--warmup", "2", "--summary-json", str(out), "--state-dir",
-                str(tmp_path / "state")], tmp_path)
+    d = Daemon(
+        [
+            "--target",
+            server.url("/ok"),
+            "--api",
+            "http",
+            "--samples",
+            str(bodies),
+            "--concurrency",
+            "4",
+            "--duration",
+            "9s",
+            "--warmup",
+            "2",
+            "--summary-json",
+            str(out),
+            "--state-dir",
+            str(tmp_path / "state"),
+        ],
+        tmp_path,
+    )
     up = f'target="{server.url("/ok")}"'
     try:
         d.wait_ready()
@@ -237,8 +305,21 @@ def test_open_loop_stall_counts_from_intended_send_time(bodies: Path, tmp_path: 
     cfg = tmp_path / "soak.toml"
     cfg.write_text("[target]\nmax_connections = 4\n")
     try:
-        s = soak(srv.url("/stall"), bodies, tmp_path, "--config", str(cfg), "--rate", "100",
-                 "--arrival", "constant", "--duration", "6s", "--warmup", "0")
+        s = soak(
+            srv.url("/stall"),
+            bodies,
+            tmp_path,
+            "--config",
+            str(cfg),
+            "--rate",
+            "100",
+            "--arrival",
+            "constant",
+            "--duration",
+            "6s",
+            "--warmup",
+            "0",
+        )
         held = srv.stats()["held"]
     finally:
         srv.kill()
@@ -257,22 +338,49 @@ def test_watch_pid_samples_the_server_process(server: Server, bodies: Path, tmp_
     watched pid that exits is a source down, not a crash."""
     short = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
     out = tmp_path / "summary.json"
-    d = Daemon(["--target", server.url("/ok"), "--api", "http", "--samples", str(bodies), "--concurrency", "2",
-                "--duration", "5s", "--warmup", "0", "--memory-interval", "0.5s", "--watch-pid", str(server.pid),
-                "--watch-pid", str(short.pid), "--summary-json", str(out), "--state-dir", str(tmp_path / "state")],
-               tmp_path)
+    d = Daemon(
+        [
+            "--target",
+            server.url("/ok"),
+            "--api",
+            "http",
+            "--samples",
+            str(bodies),
+            "--concurrency",
+            "2",
+            "--duration",
+            "5s",
+            "--warmup",
+            "0",
+            "--memory-interval",
+            "0.5s",
+            "--watch-pid",
+            str(server.pid),
+            "--watch-pid",
+            str(short.pid),
+            "--summary-json",
+            str(out),
+            "--state-dir",
+            str(tmp_path / "state"),
+        ],
+        tmp_path,
+    )
     pid = f'pid="{server.pid}"'
     try:
         d.wait_ready()
-        rss = wait_for(lambda: metric_value(d.metrics(), "soakd_target_process_resident_memory_bytes", pid),
-                       10, what="target RSS")
+        rss = wait_for(
+            lambda: metric_value(d.metrics(), "soakd_target_process_resident_memory_bytes", pid), 10, what="target RSS"
+        )
         assert 5 << 20 < rss < 1 << 30  # a Python http.server: some MiB
         uss = metric_value(d.metrics(), "soakd_target_process_unique_memory_bytes", pid)
         assert uss is not None and 0 < uss <= rss
         assert metric_value(d.metrics(), "soakd_collector_up", f'source="target_process:{server.pid}"') == 1
         short.wait(10)
-        wait_for(lambda: metric_value(d.metrics(), "soakd_collector_up", f'source="target_process:{short.pid}"')
-                 == 0, 10, what="the exited pid's collector down")
+        wait_for(
+            lambda: metric_value(d.metrics(), "soakd_collector_up", f'source="target_process:{short.pid}"') == 0,
+            10,
+            what="the exited pid's collector down",
+        )
         assert d.proc.wait(40) == 0, d.output()
     finally:
         d.stop()

@@ -44,8 +44,19 @@ class TestCommaMeansMix:
 
     def test_run_refuses_comma_shapes(self, tmp_path: Path) -> None:
         """`soakd run --input-shapes 3,224,224` exits 2 before loading anything."""
-        res = soakd("run", "--model", "builtin:noop", "--input-shapes", "3,224,224", "--duration", "1s",
-                    "--metrics-addr", "127.0.0.1:0", "--state-dir", str(tmp_path / "state"))
+        res = soakd(
+            "run",
+            "--model",
+            "builtin:noop",
+            "--input-shapes",
+            "3,224,224",
+            "--duration",
+            "1s",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--state-dir",
+            str(tmp_path / "state"),
+        )
         assert_one_line_usage_error(res, "input.shapes", "3x224x224")
 
     def test_check_config_refuses_comma_shapes(self, tmp_path: Path) -> None:
@@ -66,8 +77,7 @@ class TestModelFileWithoutShape:
         """A TorchScript file has no default input shape: check-config says to give one."""
         cfg = tmp_path / "soak.toml"
         cfg.write_text(f'[model]\nspec = "torchscript:{_linear16(tmp_path)}"\n')
-        assert_one_line_usage_error(soakd("check-config", str(cfg)), "input.shapes", "linear16.pt",
-                                    "--input-shapes")
+        assert_one_line_usage_error(soakd("check-config", str(cfg)), "input.shapes", "linear16.pt", "--input-shapes")
         cfg.write_text(f'[model]\nspec = "torchscript:{_linear16(tmp_path)}"\n[input]\nshapes = "16"\n')
         res = soakd("check-config", str(cfg))
         assert res.returncode == 0, res.stderr
@@ -81,13 +91,25 @@ class TestModelFileWithoutShape:
         load_config(None, {"model.spec": f"export:{path}", "input.shapes": "16"})
 
 
-
 def test_model_that_rejects_the_input_exits_2(tmp_path: Path) -> None:
     """A TorchScript Linear(16, 4) fed 3x224x224: exit 2 with the model's own message in one
     line that names the shape, not exit 3 and a traceback."""
-    res = soakd("run", "--model", f"torchscript:{_linear16(tmp_path)}", "--input-shapes", "3x224x224",
-                "--duration", "2s", "--warmup", "2", "--metrics-addr", "127.0.0.1:0",
-                "--state-dir", str(tmp_path / "state"), timeout=180)
+    res = soakd(
+        "run",
+        "--model",
+        f"torchscript:{_linear16(tmp_path)}",
+        "--input-shapes",
+        "3x224x224",
+        "--duration",
+        "2s",
+        "--warmup",
+        "2",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--state-dir",
+        str(tmp_path / "state"),
+        timeout=180,
+    )
     assert_one_line_usage_error(res, "3x224x224", "torchscript:", "linear16.pt")
     line = next(x for x in res.stderr.splitlines() if x.startswith("soakd: "))
     assert "mat1 and mat2 shapes cannot be multiplied" in line, line  # the model's own words

@@ -47,8 +47,9 @@ def test_leak_free_models_are_ok_and_say_how_faint_a_leak_could_hide(capsys: pyt
 
 
 @pytest.mark.parametrize(("name", "mib_per_h"), [("leak_host_0.05-host_rss", 180), ("leak_host_0.01-host_rss", 36)])
-def test_a_leak_slower_than_the_floor_is_measured_not_flagged(capsys: pytest.CaptureFixture[str], name: str,
-                                                            mib_per_h: float) -> None:
+def test_a_leak_slower_than_the_floor_is_measured_not_flagged(
+    capsys: pytest.CaptureFixture[str], name: str, mib_per_h: float
+) -> None:
     """leak_host at 0.05 and 0.01 MiB/s is under the accelerated floor: "ok", the slope measured
     (the interpreter's own growth adds a little at the slowest rate)."""
     rc, rows = analyze(capsys, name)

@@ -39,8 +39,9 @@ def events(state: Path, kind: str) -> list[dict[str, Any]]:
 def test_host_leak_is_flagged_on_metrics_and_in_events(daemon_factory: Any, tmp_path: Path) -> None:
     """Flagged on /metrics within 75 s with slope, ETA and the detectable slope; the stored
     event carries the host evidence."""
-    cfg = write_config(tmp_path, "builtin:leak_host",
-                       "[model.options]\nmib_per_s = 20.0\nmax_mib = 1500\n[memory]\ntracemalloc = true")
+    cfg = write_config(
+        tmp_path, "builtin:leak_host", "[model.options]\nmib_per_s = 20.0\nmax_mib = 1500\n[memory]\ntracemalloc = true"
+    )
     state = tmp_path / "state"
     started = time.monotonic()
     d = daemon_factory(*run_args(cfg, state, "--duration", "90s"))
@@ -50,8 +51,9 @@ def test_host_leak_is_flagged_on_metrics_and_in_events(daemon_factory: Any, tmp_
         text = d.metrics()
         return text if metric_value(text, "soakd_leak_suspected", 'series="host_rss"') == 1 else None
 
-    text = wait_for(flagged, timeout=75 - (time.monotonic() - started),
-                    what='soakd_leak_suspected{series="host_rss"} 1')
+    text = wait_for(
+        flagged, timeout=75 - (time.monotonic() - started), what='soakd_leak_suspected{series="host_rss"} 1'
+    )
     detectable = metric_value(text, "soakd_leak_detectable_slope_bytes_per_hour", 'series="host_rss"')
     assert detectable is not None and 0 < detectable < 20 * 2**20 * 3600
     slope = metric_value(text, "soakd_leak_slope_bytes_per_hour", 'series="host_rss"')
@@ -97,10 +99,12 @@ def test_cuda_leak_writes_a_memory_snapshot(daemon_factory: Any, tmp_path: Path)
     state = tmp_path / "state"
     d = daemon_factory(*run_args(cfg, state, "--device", "cuda", "--duration", "90s"))
     d.wait_ready()
-    wait_for(lambda: metric_value(d.metrics(), "soakd_leak_suspected", 'series="torch_cuda_allocated"') == 1,
-             timeout=75, what='soakd_leak_suspected{series="torch_cuda_allocated"} 1')
-    snaps = wait_for(lambda: list(state.glob("leak-torch_cuda_allocated-*.pickle")), timeout=10,
-                     what="a snapshot file")
+    wait_for(
+        lambda: metric_value(d.metrics(), "soakd_leak_suspected", 'series="torch_cuda_allocated"') == 1,
+        timeout=75,
+        what='soakd_leak_suspected{series="torch_cuda_allocated"} 1',
+    )
+    snaps = wait_for(lambda: list(state.glob("leak-torch_cuda_allocated-*.pickle")), timeout=10, what="a snapshot file")
     with snaps[0].open("rb") as fh:
         snap = pickle.load(fh)
     assert snap.get("segments")  # what memory_viz reads

@@ -42,11 +42,14 @@ def test_fragment_keeps_a_bounded_set_of_blocks() -> None:
     assert m.module is not None and len(getattr(m.module, "_live")) == 4  # noqa: B009 - see above
 
 
-@pytest.mark.parametrize(("spec", "options", "key"), [
-    ("builtin:leak_host", {"mib_per_s": -1}, "model.options.mib_per_s"),
-    ("builtin:fragment_cuda", {"keep": 0}, "model.options.keep"),
-    ("builtin:leak_cuda", {"rate": 1}, "model.options.rate"),
-])
+@pytest.mark.parametrize(
+    ("spec", "options", "key"),
+    [
+        ("builtin:leak_host", {"mib_per_s": -1}, "model.options.mib_per_s"),
+        ("builtin:fragment_cuda", {"keep": 0}, "model.options.keep"),
+        ("builtin:leak_cuda", {"rate": 1}, "model.options.rate"),
+    ],
+)
 def test_bad_options_name_the_key(spec: str, options: dict[str, float], key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_model(spec, "cpu", "float32", options)

@@ -23,8 +23,9 @@ T0 = 1_700_000_000.0
 
 def fast_leak_config(**kw: Any) -> LeakConfig:
     """Minutes instead of hours, so a test feeds a few hundred samples."""
-    base: dict[str, Any] = dict(warmup=60.0, window=1800.0, bin=10.0, trough_span=20.0, min_span=120.0,
-                                persistence=60.0, evaluate_interval=10.0)
+    base: dict[str, Any] = dict(
+        warmup=60.0, window=1800.0, bin=10.0, trough_span=20.0, min_span=120.0, persistence=60.0, evaluate_interval=10.0
+    )
     base.update(kw)
     return LeakConfig(**base)
 
@@ -48,14 +49,13 @@ class Events:
         self.items.append((kind, detail))
 
 
-def run_until(monitor: LeakMonitor, store: SeriesStore, series: dict[str, Any], end: float,
-              step: float = 10.0) -> None:
+def run_until(monitor: LeakMonitor, store: SeriesStore, series: dict[str, Any], end: float, step: float = 10.0) -> None:
     """Feed each series' samples up to each evaluation time, evaluating every ``step`` s."""
     fed = dict.fromkeys(series, 0)
     for now in np.arange(T0 + step, T0 + end + 1e-9, step):
         for name, (t, v) in series.items():
             hi = int(np.searchsorted(t, now, side="right"))
-            feed(store, name, t[fed[name]:hi], v[fed[name]:hi])
+            feed(store, name, t[fed[name] : hi], v[fed[name] : hi])
             fed[name] = hi
         monitor.evaluate(now)
 
@@ -153,11 +153,10 @@ def test_cuda_history_records_only_while_suspicion_builds(tmp_path: Path) -> Non
     evidence = Evidence(tmp_path, cuda_history="auto", cuda=cuda)  # type: ignore[arg-type]
     t = T0 + np.arange(0.0, 900.0, 1.0)
     v = 1e9 + (t - T0) * MIB
-    monitor = LeakMonitor(store, None, fast_leak_config(), lambda s: 1e12, events, evidence=evidence,
-                          since=T0)
+    monitor = LeakMonitor(store, None, fast_leak_config(), lambda s: 1e12, events, evidence=evidence, since=T0)
     run_until(monitor, store, {"torch_cuda_allocated": (t, v)}, 900.0)
     assert cuda.calls == ["start", "dump", "stop"]
-    (kind, detail), = events.items
+    ((kind, detail),) = events.items
     assert kind == "leak_suspected" and detail["allocation_history"] is True
     assert Path(detail["snapshot"]).parent == tmp_path and Path(detail["snapshot"]).exists()
 
@@ -175,6 +174,7 @@ def test_cuda_history_modes() -> None:
 def test_host_evidence_tells_allocator_retention_from_a_leak() -> None:
     rss = iter([500 * MIB, 420 * MIB, 500 * MIB, 499 * MIB])
     trims: list[int] = []
+
     def trim() -> int:
         trims.append(1)
         return 1

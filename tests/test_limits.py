@@ -33,9 +33,12 @@ def check(tmp_path: Path, text: str | bytes) -> subprocess.CompletedProcess[str]
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(soakd_cmd("run", "--model", "builtin:noop", "--duration", "1s",
-                                    "--metrics-addr", "127.0.0.1:0", *args),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        soakd_cmd("run", "--model", "builtin:noop", "--duration", "1s", "--metrics-addr", "127.0.0.1:0", *args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def refused(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
@@ -49,6 +52,7 @@ def refused(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
 
 
 # --------------------------------------------------------------------------- numbers
+
 
 @pytest.mark.parametrize(
     ("flags", "needles"),
@@ -83,8 +87,10 @@ def test_run_refuses_a_number_past_its_bound(flags: tuple[str, ...], needles: tu
         ("[input]\npool = 100000000\n", ("input.pool", "100000000", HALF_RAM)),
         ("[batcher]\ninstances = 40000\n", ("batcher.instances", "40000", f"{max(8, 4 * (os.cpu_count() or 1))}")),
         ("[batcher]\nmax_queue_delay_ms = inf\n", ("batcher.max_queue_delay_ms", "finite")),
-        ("[batcher]\nmax_batch_size = 100000000000\n[input]\nshapes = '3x224x224'\n",
-         ("batcher.max_batch_size", HALF_RAM)),
+        (
+            "[batcher]\nmax_batch_size = 100000000000\n[input]\nshapes = '3x224x224'\n",
+            ("batcher.max_batch_size", HALF_RAM),
+        ),
         ("[load]\nrate = 100\nmax_inflight = 100000000000\n", ("load.max_inflight", HALF_RAM)),
         ("[load]\nduration = 1979-05-27T07:32:00Z\n", ("load.duration", "TOML date/time")),
         ("[load]\nduration = 07:32:00\n", ("load.duration", "TOML date/time")),
@@ -94,8 +100,10 @@ def test_run_refuses_a_number_past_its_bound(flags: tuple[str, ...], needles: tu
         ("[compare]\nresamples = 1000000000000\n", ("compare.resamples", "1e+06")),
         ("[phases]\nprobe_schedule = '61 * * * *'\n", ("phases.probe_schedule", "minute")),
         ("[slo]\np99_ms = nan\n", ("slo.p99_ms", "finite")),
-        ("[load]\nrate = 900000\n[phases]\nprobe_factor = 4\nprobe_schedule = '0 * * * *'\n",
-         ("phases.probe_factor", f"{MAX_RATE:g}")),
+        (
+            "[load]\nrate = 900000\n[phases]\nprobe_factor = 4\nprobe_schedule = '0 * * * *'\n",
+            ("phases.probe_factor", f"{MAX_RATE:g}"),
+        ),
     ],
 )
 def test_check_config_refuses_a_number_past_its_bound(tmp_path: Path, text: str, needles: tuple[str, ...]) -> None:
@@ -112,12 +120,16 @@ def test_a_shape_too_large_for_memory_is_refused_before_allocation(tmp_path: Pat
 
 def test_the_largest_allowed_settings_still_pass(tmp_path: Path) -> None:
     """The bounds are bounds, not new defaults: settings at the limit are accepted."""
-    proc = check(tmp_path, f"[load]\nrate = {MAX_RATE:g}\nburstiness = 100.0\narrival = 'gamma'\n"
-                           "duration = '3650d'\n[batcher]\nmax_queue_delay_ms = 59000\n")
+    proc = check(
+        tmp_path,
+        f"[load]\nrate = {MAX_RATE:g}\nburstiness = 100.0\narrival = 'gamma'\n"
+        "duration = '3650d'\n[batcher]\nmax_queue_delay_ms = 59000\n",
+    )
     assert proc.returncode == 0, proc.stderr
 
 
 # --------------------------------------------------------------------------- files that are not configs
+
 
 @pytest.mark.parametrize(
     ("content", "needle"),
@@ -132,8 +144,9 @@ def test_a_file_that_is_no_config_is_one_line_naming_it(tmp_path: Path, content:
     """Binary garbage, a 5000-deep array and broken TOML: exit 2, one line with the file and why."""
     line = refused(check(tmp_path, content), "soak.toml", needle)
     assert len(line) < 300
-    proc = subprocess.run(soakd_cmd("run", "--config", str(tmp_path / "soak.toml")),
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        soakd_cmd("run", "--config", str(tmp_path / "soak.toml")), capture_output=True, text=True, timeout=60
+    )
     refused(proc, "soak.toml", needle)
 
 
@@ -155,6 +168,7 @@ def test_parse_duration_refuses_what_timers_cannot_hold() -> None:
 
 # --------------------------------------------------------------------------- run ids
 
+
 @pytest.mark.parametrize("run_id", ["..", "../escape", "/tmp/abs", "a/b", ".hidden", "-flag", "x" * 200, "a..b"])
 def test_a_run_id_is_a_name_not_a_path(tmp_path: Path, run_id: str) -> None:
     """`--run-id` that could leave the state dir (or hide in it) is exit 2 before anything is written."""
@@ -170,6 +184,7 @@ def test_a_run_id_with_dots_dashes_and_underscores_is_fine(tmp_path: Path) -> No
 
 # --------------------------------------------------------------------------- flags checked at start
 
+
 def test_metrics_addr_accepts_an_ipv6_address_in_brackets(tmp_path: Path) -> None:
     """`--metrics-addr '[::1]:0'` listens on IPv6 loopback and the run completes."""
     try:
@@ -177,8 +192,12 @@ def test_metrics_addr_accepts_an_ipv6_address_in_brackets(tmp_path: Path) -> Non
             probe.bind(("::1", 0))
     except OSError:
         pytest.skip("no IPv6 loopback here")
-    proc = subprocess.run(soakd_cmd("run", "--model", "builtin:noop", "--duration", "1s", "--warmup", "1",
-                                    "--metrics-addr", "[::1]:0"), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        soakd_cmd("run", "--model", "builtin:noop", "--duration", "1s", "--warmup", "1", "--metrics-addr", "[::1]:0"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "http://[::1]:" in proc.stderr
 
@@ -199,8 +218,12 @@ def test_metrics_addr_that_cannot_be_listened_on_is_refused(addr: str, needles: 
 
 def test_a_wildcard_metrics_addr_is_allowed_with_a_warning(tmp_path: Path) -> None:
     """0.0.0.0 (a fleet's Prometheus scrapes from elsewhere) runs, and says it is reachable from other hosts."""
-    proc = subprocess.run(soakd_cmd("run", "--model", "builtin:noop", "--duration", "1s", "--warmup", "1",
-                                    "--metrics-addr", "0.0.0.0:0"), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        soakd_cmd("run", "--model", "builtin:noop", "--duration", "1s", "--warmup", "1", "--metrics-addr", "0.0.0.0:0"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "reachable from other hosts" in proc.stderr
 
@@ -217,10 +240,14 @@ def _read_only(path: Path) -> list[str] | None:
     unshare = shutil.which("unshare")
     if unshare is None or os.geteuid() != 0:
         return None
-    probe = subprocess.run([unshare, "-m", "sh", "-c", f"mount --bind -o ro '{path}' '{path}'"],
-                           capture_output=True, timeout=30)
-    return None if probe.returncode else [unshare, "-m", "sh", "-c",
-                                          f"mount --bind -o ro '{path}' '{path}' && exec \"$@\"", "sh"]
+    probe = subprocess.run(
+        [unshare, "-m", "sh", "-c", f"mount --bind -o ro '{path}' '{path}'"], capture_output=True, timeout=30
+    )
+    return (
+        None
+        if probe.returncode
+        else [unshare, "-m", "sh", "-c", f"mount --bind -o ro '{path}' '{path}' && exec \"$@\"", "sh"]
+    )
 
 
 def test_an_unwritable_summary_path_is_found_at_start(tmp_path: Path) -> None:
@@ -233,9 +260,22 @@ def test_an_unwritable_summary_path_is_found_at_start(tmp_path: Path) -> None:
     if prefix is None:
         out.chmod(0o500)
         prefix = []
-    cmd = [*prefix, *soakd_cmd("run", "--model", "builtin:noop", "--duration", "30s", "--metrics-addr",
-                               "127.0.0.1:0", "--summary-json", str(out / "s.json"),
-                               "--state-dir", str(tmp_path / "state"))]
+    cmd = [
+        *prefix,
+        *soakd_cmd(
+            "run",
+            "--model",
+            "builtin:noop",
+            "--duration",
+            "30s",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--summary-json",
+            str(out / "s.json"),
+            "--state-dir",
+            str(tmp_path / "state"),
+        ),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     line = refused(proc, "output.summary_json", str(out / "s.json"))
     assert "Read-only" in line or "Permission" in line
@@ -244,20 +284,42 @@ def test_an_unwritable_summary_path_is_found_at_start(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- crontab
 
-@pytest.mark.parametrize("expr", [
-    "0 * * * *", "*/15 * * * *", "0 9-17 * * mon-fri", "30 2 1 jan,jul *", "0 0 1-31/2 * *",
-    "5,10,15 0 * * sun", "0 0 * * 0-6", "59 23 31 12 6",
-])
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "0 * * * *",
+        "*/15 * * * *",
+        "0 9-17 * * mon-fri",
+        "30 2 1 jan,jul *",
+        "0 0 1-31/2 * *",
+        "5,10,15 0 * * sun",
+        "0 0 * * 0-6",
+        "59 23 31 12 6",
+    ],
+)
 def test_crontab_lines_apscheduler_accepts_are_accepted(expr: str) -> None:
     """The config's own crontab check accepts what the probe scheduler (APScheduler) accepts."""
     CronTrigger.from_crontab(expr)
     check_crontab(expr)
 
 
-@pytest.mark.parametrize("expr", [
-    "60 * * * *", "* 24 * * *", "* * 0 * *", "* * * 13 *", "* * * * 7", "* * * *", "* * * * * *",
-    "*/0 * * * *", "5-1 * * * *", "* * * foo *", "a * * * *",
-])
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "60 * * * *",
+        "* 24 * * *",
+        "* * 0 * *",
+        "* * * 13 *",
+        "* * * * 7",
+        "* * * *",
+        "* * * * * *",
+        "*/0 * * * *",
+        "5-1 * * * *",
+        "* * * foo *",
+        "a * * * *",
+    ],
+)
 def test_crontab_lines_apscheduler_refuses_are_refused(expr: str) -> None:
     """And refuses what APScheduler refuses, so a schedule check-config passed never fails at run time."""
     with pytest.raises(ValueError):
@@ -268,11 +330,14 @@ def test_crontab_lines_apscheduler_refuses_are_refused(expr: str) -> None:
 
 # --------------------------------------------------------------------------- layering
 
+
 def test_config_imports_nothing_above_it() -> None:
     """Importing soakd.config pulls in only errors, names and specs: no torch, numpy, scheduler or
     other soakd module, so `check-config` and `analyze` stay light and no import cycle can form."""
-    code = ("import sys, soakd.config; print(sorted(m for m in sys.modules if m.startswith(('soakd', 'torch', "
-            "'numpy', 'apscheduler', 'prometheus_client'))))")
+    code = (
+        "import sys, soakd.config; print(sorted(m for m in sys.modules if m.startswith(('soakd', 'torch', "
+        "'numpy', 'apscheduler', 'prometheus_client'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert eval(out.stdout) == ["soakd", "soakd.config", "soakd.errors", "soakd.names", "soakd.specs"]
 

@@ -69,32 +69,58 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("live-prom")
     # Leak judgement scaled from hours down to seconds, so the verdict panels have data
     # (only the settings this soakd knows).
-    scaled = {"min_span": "8s", "bin": "2s", "trough_span": "4s", "persistence": "0s",
-              "evaluate_interval": "1s"}
+    scaled = {"min_span": "8s", "bin": "2s", "trough_span": "4s", "persistence": "0s", "evaluate_interval": "1s"}
     known = {f.name for f in dataclasses.fields(LeakConfig)}
     config_toml = tmp / "soak.toml"
     config_toml.write_text("[leak]\n" + "".join(f'{k} = "{v}"\n' for k, v in scaled.items() if k in known))
     soakd = Daemon(
-        ["--config", str(config_toml), "--model", "builtin:noop", "--warmup", "2", "--rate", "200",
-         "--arrival", "poisson", "--memory-interval", "1s", "--leak-warmup", "5s", "--leak-window", "20s",
-         "--state-dir", str(tmp / "state")],
+        [
+            "--config",
+            str(config_toml),
+            "--model",
+            "builtin:noop",
+            "--warmup",
+            "2",
+            "--rate",
+            "200",
+            "--arrival",
+            "poisson",
+            "--memory-interval",
+            "1s",
+            "--leak-warmup",
+            "5s",
+            "--leak-window",
+            "20s",
+            "--state-dir",
+            str(tmp / "state"),
+        ],
         tmp,
     )
     prom_port = free_port()
     config = tmp / "prometheus.yml"
-    config.write_text(json.dumps({  # JSON is YAML
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
-        "rule_files": [str(REPO / "prometheus" / "rules" / "*.yml")],
-        "scrape_configs": [
-            {"job_name": "soakd", "static_configs": [{"targets": [f"127.0.0.1:{soakd.port}"]}]},
-        ],
-    }))
+    config.write_text(
+        json.dumps(
+            {  # JSON is YAML
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+                "rule_files": [str(REPO / "prometheus" / "rules" / "*.yml")],
+                "scrape_configs": [
+                    {"job_name": "soakd", "static_configs": [{"targets": [f"127.0.0.1:{soakd.port}"]}]},
+                ],
+            }
+        )
+    )
     prom_log = tmp / "prometheus.log"
     with prom_log.open("w") as log:
         prom = subprocess.Popen(
-            [str(PROMETHEUS), f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
-             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
-            stdout=log, stderr=subprocess.STDOUT,
+            [
+                str(PROMETHEUS),
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     s = Stack(soakd, f"http://127.0.0.1:{prom_port}", prom, prom_log, time.monotonic())
     try:
@@ -153,11 +179,13 @@ VAR = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)\]\]")
 
 def grafana_substitute(expr: str, values: dict[str, str]) -> str:
     """Replace Grafana variables ($x, ${x}, ${x:fmt}, [[x]]) the way the dashboard is used."""
+
     def repl(m: re.Match[str]) -> str:
         name = m.group(1) or m.group(2) or m.group(3)
         if name not in values:
             raise AssertionError(f"unknown Grafana variable ${name} in {expr!r}")
         return values[name]
+
     return VAR.sub(repl, expr)
 
 
@@ -181,8 +209,13 @@ def test_dashboards_were_found() -> None:
 def test_every_panel_query_parses_and_non_gpu_panels_show_data(stack: Stack) -> None:
     """Every dashboard query is valid PromQL; every one not on GPU metrics returns data from a live soak."""
     values = {
-        "job": "soakd", "instance": stack.instance, "gpu": ".*", "stage": "e2e",
-        "__rate_interval": "20s", "__interval": "2s", "__range": "1m",
+        "job": "soakd",
+        "instance": stack.instance,
+        "gpu": ".*",
+        "stage": "e2e",
+        "__rate_interval": "20s",
+        "__interval": "2s",
+        "__range": "1m",
     }
     pending: dict[str, list[str]] = {}  # expr -> the panels that use it
     gpu_empty: dict[str, list[str]] = {}
@@ -229,8 +262,15 @@ def test_every_rule_loads_and_evaluates_healthy(stack: Stack) -> None:
 
     def all_evaluated() -> list[dict[str, Any]]:
         rules = [r for g in stack.api("rules")["data"]["groups"] for r in g["rules"]]
-        return rules if rules and all(r.get("lastEvaluation", "").startswith("2") and
-                                      not r["lastEvaluation"].startswith("0001") for r in rules) else []
+        return (
+            rules
+            if rules
+            and all(
+                r.get("lastEvaluation", "").startswith("2") and not r["lastEvaluation"].startswith("0001")
+                for r in rules
+            )
+            else []
+        )
 
     rules = wait_for(all_evaluated, 30, what="every rule to be evaluated")
     assert len(rules) == expected
@@ -259,8 +299,11 @@ def test_variable_queries_find_the_soak(stack: Stack) -> None:
 
 def test_every_recording_rule_has_data(stack: Stack) -> None:
     """Each recorded series (the dashboards' and the alerts' inputs) has a value from the live soak."""
-    names = [n for path in (REPO / "prometheus" / "rules").glob("*.yml")
-             for n in re.findall(r"^\s*- record: (\S+)", path.read_text(), flags=re.M)]
+    names = [
+        n
+        for path in (REPO / "prometheus" / "rules").glob("*.yml")
+        for n in re.findall(r"^\s*- record: (\S+)", path.read_text(), flags=re.M)
+    ]
     assert names
     missing = names
     deadline = time.monotonic() + 30
@@ -277,9 +320,16 @@ def test_healthy_cpu_soak_raises_no_alert(stack: Stack) -> None:
     The leak verdict is left out: this session judges leaks over seconds, where start-up growth
     may well look like one.
     """
-    wait_for(lambda: all(r.get("lastEvaluation", "0001").startswith("2")
-                         for g in stack.api("rules")["data"]["groups"] for r in g["rules"]),
-             30, what="every rule to be evaluated")
-    alerts = [a for a in stack.api("alerts")["data"]["alerts"]
-              if a["labels"]["alertname"] != "SoakdMemoryLeakSuspected"]
+    wait_for(
+        lambda: all(
+            r.get("lastEvaluation", "0001").startswith("2")
+            for g in stack.api("rules")["data"]["groups"]
+            for r in g["rules"]
+        ),
+        30,
+        what="every rule to be evaluated",
+    )
+    alerts = [
+        a for a in stack.api("alerts")["data"]["alerts"] if a["labels"]["alertname"] != "SoakdMemoryLeakSuspected"
+    ]
     assert not alerts, alerts

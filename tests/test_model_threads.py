@@ -57,7 +57,8 @@ def soak_recorded(tmp_path: Path, instances: int) -> Calls:
     model.write_text(RECORDER)
     log = tmp_path / f"calls-{instances}.log"
     cfg = tmp_path / f"soak-{instances}.toml"
-    cfg.write_text(textwrap.dedent(f"""
+    cfg.write_text(
+        textwrap.dedent(f"""
         [model]
         spec = "python:{model}:make"
         device = "cpu"
@@ -73,11 +74,14 @@ def soak_recorded(tmp_path: Path, instances: int) -> Calls:
         [load]
         concurrency = {4 * MAX_BATCH}
         duration = "3s"
-    """))
+    """)
+    )
     summary = tmp_path / f"summary-{instances}.json"
     res = subprocess.run(
         soakd_cmd("run", "--config", str(cfg), "--metrics-addr", "127.0.0.1:0", "--summary-json", str(summary)),
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     # Not assertions: a broken run must error the xfail tests below, not pass them as expected failures.
     if res.returncode != 0:
@@ -102,7 +106,7 @@ def test_the_recording_sees_warmup_and_full_batches(recorded: tuple[int, Calls])
     """The recorder saw the warm-up and many full batches after it: the checks below have data."""
     instances, calls = recorded
     assert len(calls) > WARMUP * instances + 20
-    assert sum(1 for _, size, _ in calls[WARMUP * instances:] if size == MAX_BATCH) > 20
+    assert sum(1 for _, size, _ in calls[WARMUP * instances :] if size == MAX_BATCH) > 20
 
 
 def test_warmup_and_inference_run_on_the_same_threads(recorded: tuple[int, Calls]) -> None:

@@ -33,9 +33,24 @@ def test_torchscript_model_runs_end_to_end(tmp_path: Path) -> None:
     torch.jit.save(torch.jit.script(Tiny()), str(path))
     out = tmp_path / "s.json"
     res = subprocess.run(
-        soakd_cmd("run", "--model", f"torchscript:{path}", "--input-shapes", "8", "--duration", "1s",
-                  "--warmup", "3", "--metrics-addr", "127.0.0.1:0", "--summary-json", str(out)),
-        capture_output=True, text=True, timeout=120,
+        soakd_cmd(
+            "run",
+            "--model",
+            f"torchscript:{path}",
+            "--input-shapes",
+            "8",
+            "--duration",
+            "1s",
+            "--warmup",
+            "3",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--summary-json",
+            str(out),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert res.returncode == 0, res.stderr
     summary = json.loads(out.read_text())
@@ -48,13 +63,15 @@ def test_torchscript_model_runs_end_to_end(tmp_path: Path) -> None:
 def test_python_factory_from_a_file(tmp_path: Path) -> None:
     """`python:FILE.py:FACTORY` imports the file and calls the factory with [model.options]."""
     src = tmp_path / "mymodel.py"
-    src.write_text(textwrap.dedent("""
+    src.write_text(
+        textwrap.dedent("""
         import torch
         def make(width=4):
             net = torch.nn.Sequential(torch.nn.Linear(width, 2))
             net.soakd_input_shape = str(width)
             return net
-    """))
+    """)
+    )
     m = load_model(f"python:{src}:make", "cpu", options={"width": 6})
     assert m.default_shape == "6"
     assert m.fn(torch.zeros(2, 6)).shape == (2, 2)
@@ -87,9 +104,12 @@ def test_corrupt_model_file_is_named(tmp_path: Path) -> None:
     bad.write_bytes(b"not a model")
     with pytest.raises(ModelLoadError, match=r"bad\.pt"):
         load_model(f"torchscript:{bad}", "cpu")
-    res = subprocess.run(soakd_cmd("run", "--model", f"torchscript:{bad}", "--input-shapes", "8",
-                                   "--metrics-addr", "127.0.0.1:0"),
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        soakd_cmd("run", "--model", f"torchscript:{bad}", "--input-shapes", "8", "--metrics-addr", "127.0.0.1:0"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2
     assert "bad.pt" in res.stderr
 
@@ -106,8 +126,19 @@ def test_factory_that_raises_is_a_load_error(tmp_path: Path) -> None:
     """A factory that raises is the user's model to fix: exit 2 naming the spec, not a crash (3)."""
     src = tmp_path / "broken.py"
     src.write_text("def make():\n    raise RuntimeError('weights missing')\n")
-    res = subprocess.run(soakd_cmd("run", "--model", f"python:{src}:make", "--metrics-addr", "127.0.0.1:0",
-                                   "--state-dir", str(tmp_path / "state")),
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        soakd_cmd(
+            "run",
+            "--model",
+            f"python:{src}:make",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--state-dir",
+            str(tmp_path / "state"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2
     assert "factory raised RuntimeError: weights missing" in res.stderr

@@ -32,8 +32,16 @@ def test_ramp_is_linear_from_the_start_share_to_the_target() -> None:
 
 def test_scheduler_ramps_then_holds_steady_and_probes() -> None:
     """The ramp starts low, only rises, ends at the target in 'steady'; a probe steps up and back."""
-    cfg = load_config(None, {"load.concurrency": 20, "phases.ramp": "600ms", "phases.ramp_from": 0.1,
-                             "phases.probe_factor": 2.0, "phases.probe_schedule": "0 * * * *"})
+    cfg = load_config(
+        None,
+        {
+            "load.concurrency": 20,
+            "phases.ramp": "600ms",
+            "phases.ramp_from": 0.1,
+            "phases.probe_factor": 2.0,
+            "phases.probe_schedule": "0 * * * *",
+        },
+    )
     phases: list[str] = []
     load = FakeLoad()
     sched = PhaseScheduler(cfg, load, phases.append)
@@ -66,8 +74,7 @@ def test_bad_probe_schedule_names_the_key() -> None:
 
 def test_engine_follows_set_concurrency_up_and_down() -> None:
     """Closed loop: raising the target adds requests in flight; lowering it lets them drain to the target."""
-    engine, _ = start_engine("builtin:sleep", {"batch_ms": 1.0}, load__concurrency=2,
-                             batcher__max_batch_size=4)
+    engine, _ = start_engine("builtin:sleep", {"batch_ms": 1.0}, load__concurrency=2, batcher__max_batch_size=4)
     try:
         engine.set_concurrency(12)
         wait_for(lambda: engine.inflight == 12, 20, interval=0.01, what="12 in flight")

@@ -90,9 +90,16 @@ def test_alerts_follow_the_mixin_style() -> None:
 def test_the_required_alerts_exist() -> None:
     """Leak, VRAM/host exhaustion, fragmentation, retries, OOMs, p99, errors, throughput, collectors, down."""
     assert {a["alert"] for a in alerts()} >= {
-        "SoakdMemoryLeakSuspected", "SoakdGPUMemoryExhaustionPredicted", "SoakdHostMemoryExhaustionPredicted",
-        "SoakdAllocatorFragmentationHigh", "SoakdAllocatorRetries", "SoakdCUDAOutOfMemory",
-        "SoakdLatencyP99AboveSLO", "SoakdErrorRatioHigh", "SoakdThroughputCollapsed", "SoakdCollectorDown",
+        "SoakdMemoryLeakSuspected",
+        "SoakdGPUMemoryExhaustionPredicted",
+        "SoakdHostMemoryExhaustionPredicted",
+        "SoakdAllocatorFragmentationHigh",
+        "SoakdAllocatorRetries",
+        "SoakdCUDAOutOfMemory",
+        "SoakdLatencyP99AboveSLO",
+        "SoakdErrorRatioHigh",
+        "SoakdThroughputCollapsed",
+        "SoakdCollectorDown",
         "SoakdDown",
     }
     exprs = {a["alert"]: a["expr"] for a in alerts()}
@@ -130,6 +137,7 @@ def test_rules_read_only_metrics_soakd_exports() -> None:
 
 def test_alert_windows_outlast_a_sawtooth() -> None:
     """Memory alerts extrapolate over hours and must hold a while: a GC or allocator saw-tooth cannot page."""
+
     def minutes(d: str) -> int:
         m = re.fullmatch(r"(\d+)([mh])", d)
         assert m, d

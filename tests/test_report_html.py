@@ -21,9 +21,12 @@ from tests.report_runs import Run, runs, soakd
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 # Anything a browser would fetch: src/href/xlink:href/url() to a network or protocol-relative
 # address, external scripts or stylesheets, @import.
-NETWORK_REF = re.compile(r"""(?:src|href|action|poster|data)\s*=\s*["']?\s*(?:https?:)?//"""
-                         r"""|url\(\s*["']?\s*(?:https?:)?//"""
-                         r"""|<script[^>]*\bsrc\b|<link\b[^>]*\bhref\b|@import""", re.IGNORECASE)
+NETWORK_REF = re.compile(
+    r"""(?:src|href|action|poster|data)\s*=\s*["']?\s*(?:https?:)?//"""
+    r"""|url\(\s*["']?\s*(?:https?:)?//"""
+    r"""|<script[^>]*\bsrc\b|<link\b[^>]*\bhref\b|@import""",
+    re.IGNORECASE,
+)
 
 
 @pytest.fixture(scope="module")
@@ -47,29 +50,51 @@ class TestSelfContained:
     def test_plots_are_inline_svg(self, html: str) -> None:
         """Throughput, latency over time, distribution, batch sizes and memory are drawn inline."""
         assert html.count("<svg") >= 5
-        for caption in ("Throughput per window", "Latency per stage per window",
-                        "Latency distribution per stage", "Batches per size", "host_rss:"):
+        for caption in (
+            "Throughput per window",
+            "Latency per stage per window",
+            "Latency distribution per stage",
+            "Batches per size",
+            "host_rss:",
+        ):
             assert caption in html
 
     def test_verdict_comes_first(self, html: str) -> None:
         """The verdict heading is the first thing after the title, with every SLO check in it."""
-        body = html[html.index("<body>"):]
+        body = html[html.index("<body>") :]
         assert body.index("Verdict: SLOs met") < body.index("<svg")
         for check in ("p99 e2e", "p99 inference", "error ratio", "throughput", "no leak host_rss"):
-            assert check in body[:body.index("<h2>Overview")]
+            assert check in body[: body.index("<h2>Overview")]
 
     def test_fingerprint(self, fast: Run, html: str) -> None:
         """The result is bound to the model bytes, software, hardware and config."""
         run = fast.summary["run"]
-        for value in (run["model_sha256"], run["torch_version"], run["model"], run["cpu_model"], run["host"],
-                      run["soakd_version"], "allocator env", "batch_ms"):
+        for value in (
+            run["model_sha256"],
+            run["torch_version"],
+            run["model"],
+            run["cpu_model"],
+            run["host"],
+            run["soakd_version"],
+            "allocator env",
+            "batch_ms",
+        ):
             assert str(value) in html, value
 
     def test_report_command_writes_the_same_report(self, fast: Run, tmp_path: Path) -> None:
         """`soakd report --format html` for the run gives an equivalent file."""
         out = tmp_path / "r.html"
-        res = soakd("report", "--state-dir", str(fast.state_dir), "--run-id", fast.run_id, "--format", "html",
-                    "--output", str(out))
+        res = soakd(
+            "report",
+            "--state-dir",
+            str(fast.state_dir),
+            "--run-id",
+            fast.run_id,
+            "--format",
+            "html",
+            "--output",
+            str(out),
+        )
         assert res.returncode == 0, res.stderr
         text = out.read_text()
         assert "Verdict: SLOs met" in text and text.count("<svg") >= 5
@@ -80,8 +105,14 @@ class TestSelfContained:
         res = soakd("report", "--state-dir", str(fast.state_dir), "--format", "md")
         assert res.returncode == 0, res.stderr
         md = res.stdout
-        for heading in ("## Verdict: SLOs met", "## Latency percentiles (ms)",
-                        "## Throughput and p99 per window", "## Memory", "## Events", "## Fingerprint"):
+        for heading in (
+            "## Verdict: SLOs met",
+            "## Latency percentiles (ms)",
+            "## Throughput and p99 per window",
+            "## Memory",
+            "## Events",
+            "## Fingerprint",
+        ):
             assert heading in md
         assert f"| model sha256 | {fast.summary['run']['model_sha256']} |" in md
         assert re.search(r"^\| e2e \| [\d.]+ \|", md, re.MULTILINE)
@@ -91,12 +122,18 @@ def test_text_is_escaped() -> None:
     """Event details, series names and config values cannot inject markup."""
     evil = "<script>alert(1)</script>"
     t = np.arange(10, dtype=np.float64)
-    doc = ReportDoc(data={
-        "run_id": evil, "requests": {"ok": 1}, "latency_ms": {"e2e": {"p99": 1.0}},
-        "events": [{"t": "now", "segment": 1, "kind": "error", "detail": evil}],
-        "memory": {evil: {"first": 1.0, "verdict": evil}},
-        "run": {"model": evil, "config": {"model": {"spec": evil}}},
-    }, samples={evil: (t, t * 1000)}, t0=0.0)
+    doc = ReportDoc(
+        data={
+            "run_id": evil,
+            "requests": {"ok": 1},
+            "latency_ms": {"e2e": {"p99": 1.0}},
+            "events": [{"t": "now", "segment": 1, "kind": "error", "detail": evil}],
+            "memory": {evil: {"first": 1.0, "verdict": evil}},
+            "run": {"model": evil, "config": {"model": {"spec": evil}}},
+        },
+        samples={evil: (t, t * 1000)},
+        t0=0.0,
+    )
     page = render_html(doc)
     assert "<script" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
@@ -108,10 +145,21 @@ def test_text_is_escaped() -> None:
 def test_renders_in_a_headless_browser(fast: Run, tmp_path: Path) -> None:
     """A real browser opens the file offline: the DOM has the verdict and plots, no load errors."""
     assert CHROMIUM is not None
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", "--no-first-run",
-           "--enable-logging=stderr", "--v=0",
-           f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", fast.report_path.resolve().as_uri()]
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--enable-logging=stderr",
+        "--v=0",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--dump-dom",
+        fast.report_path.resolve().as_uri(),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     dom = res.stdout
@@ -124,8 +172,10 @@ def test_renders_in_a_headless_browser(fast: Run, tmp_path: Path) -> None:
 def test_report_on_a_running_soak(daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A soak still running can be reported on: the report covers what is recorded so far."""
     cfg = tmp_path / "live.toml"
-    cfg.write_text('[model]\nspec = "builtin:sleep"\nwarmup = 5\n[state]\nflush_interval = "1s"\nwindow = "1s"\n'
-                   '[metrics]\nstatus_interval = "1s"\n[slo]\np99_ms = 5000\n')
+    cfg.write_text(
+        '[model]\nspec = "builtin:sleep"\nwarmup = 5\n[state]\nflush_interval = "1s"\nwindow = "1s"\n'
+        '[metrics]\nstatus_interval = "1s"\n[slo]\np99_ms = 5000\n'
+    )
     state = tmp_path / "state"
     d = daemon_factory("--config", str(cfg), "--state-dir", str(state))
     d.wait_ready()

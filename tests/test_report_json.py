@@ -27,13 +27,18 @@ def two_segments(tmp_path: Path) -> tuple[Path, np.ndarray]:
     store = StateStore(tmp_path)
     seg1 = store.begin_segment("r1", {"model": "builtin:noop", "run_id": "r1"})
     for i, chunk in enumerate(np.split(fast, 3)):
-        store.write_window(seg1, "r1", WindowRow(60.0 * i, 60.0 * (i + 1), {"ok": 1000, "error": 2},
-                                                 {"e2e": _hist(chunk).snapshot()}))
+        store.write_window(
+            seg1, "r1", WindowRow(60.0 * i, 60.0 * (i + 1), {"ok": 1000, "error": 2}, {"e2e": _hist(chunk).snapshot()})
+        )
     store.flush()
     seg2 = store.begin_segment("r1", {"model": "builtin:noop", "run_id": "r1"})
-    store.write_window(seg2, "r1", WindowRow(500.0, 560.0, {"ok": 1000, "oom": 1},
-                                             {"e2e": _hist(slow).snapshot(),
-                                              "queue": _hist(slow / 10).snapshot()}))
+    store.write_window(
+        seg2,
+        "r1",
+        WindowRow(
+            500.0, 560.0, {"ok": 1000, "oom": 1}, {"e2e": _hist(slow).snapshot(), "queue": _hist(slow / 10).snapshot()}
+        ),
+    )
     store.flush()
     store.end_segment(seg2, "SIGTERM")
     store.begin_segment("other", None)  # a later run in the same state dir
@@ -41,8 +46,7 @@ def two_segments(tmp_path: Path) -> tuple[Path, np.ndarray]:
     return tmp_path, np.concatenate([fast, slow])
 
 
-def test_report_merges_segments(two_segments: tuple[Path, np.ndarray],
-                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_merges_segments(two_segments: tuple[Path, np.ndarray], capsys: pytest.CaptureFixture[str]) -> None:
     """Counts add up over segments; percentiles come from the merged histograms (within 1% of exact)."""
     state, values = two_segments
     assert main(["report", "--state-dir", str(state), "--run-id", "r1", "--format", "json"]) == 0
@@ -64,8 +68,9 @@ def test_report_merges_segments(two_segments: tuple[Path, np.ndarray],
     assert [e["kind"] for e in report["events"]][:2] == ["start", "restart"]
 
 
-def test_report_defaults_to_the_latest_run_and_writes_output(two_segments: tuple[Path, np.ndarray],
-                                                            tmp_path: Path) -> None:
+def test_report_defaults_to_the_latest_run_and_writes_output(
+    two_segments: tuple[Path, np.ndarray], tmp_path: Path
+) -> None:
     """Without --run-id the most recent run is reported; --output writes the JSON to a file."""
     state, _ = two_segments
     out = tmp_path / "r.json"
@@ -73,8 +78,9 @@ def test_report_defaults_to_the_latest_run_and_writes_output(two_segments: tuple
     assert json.loads(out.read_text())["run_id"] == "other"
 
 
-def test_unknown_run_or_state_dir_is_a_usage_error(two_segments: tuple[Path, np.ndarray], tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_unknown_run_or_state_dir_is_a_usage_error(
+    two_segments: tuple[Path, np.ndarray], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A run id that is not there (or no database at all) exits 2 and says what exists."""
     state, _ = two_segments
     assert main(["report", "--state-dir", str(state), "--run-id", "nope"]) == 2

@@ -35,14 +35,14 @@ def page(fast: Run) -> str:
 def _svg_after(page: str, caption: str) -> str:
     """The inline SVG of the figure with this caption."""
     end = page.index(caption)
-    return page[page.rindex("<svg", 0, end):page.index("</svg>", page.rindex("<svg", 0, end)) + 6]
+    return page[page.rindex("<svg", 0, end) : page.index("</svg>", page.rindex("<svg", 0, end)) + 6]
 
 
 def _legend(svg: str) -> str:
     """The legend group of a matplotlib SVG (up to the clip-path definitions that follow it)."""
     start = svg.index('id="legend_1"')
     end = svg.find("<defs>", start)
-    return svg[start:end if end > 0 else len(svg)]
+    return svg[start : end if end > 0 else len(svg)]
 
 
 def _xs(fragment: str) -> list[float]:
@@ -52,9 +52,21 @@ def _xs(fragment: str) -> list[float]:
 def screenshot(tmp_path: Path, url: str, size: str, name: str) -> np.ndarray:
     assert CHROMIUM is not None
     out = tmp_path / name
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-           f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={out}", f"--window-size={size}", url]
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        f"--screenshot={out}",
+        f"--window-size={size}",
+        url,
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and out.is_file(), res.stderr[-3000:]
     return np.asarray(Image.open(out).convert("RGB"), dtype=np.int16)
@@ -62,7 +74,7 @@ def screenshot(tmp_path: Path, url: str, size: str, name: str) -> np.ndarray:
 
 def _near(img: np.ndarray, hex_colour: str, alpha: float = 1.0, tol: int = 40) -> int:
     """Pixels within ``tol`` of the colour (drawn at ``alpha`` over white)."""
-    rgb = np.asarray([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)], dtype=np.float64)
+    rgb = np.asarray([int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)], dtype=np.float64)
     target = alpha * rgb + (1 - alpha) * 255.0
     return int((np.abs(img - target).max(axis=2) <= tol).sum())
 
@@ -72,7 +84,7 @@ class TestDom:
         """Overview and Fingerprint are key-value tables: no header row of empty cells."""
         assert "<th></th>" not in page
         for heading in ("<h2>Overview</h2>", "<h2>Fingerprint</h2>"):
-            after = page[page.index(heading) + len(heading):].lstrip()
+            after = page[page.index(heading) + len(heading) :].lstrip()
             assert after.startswith('<table class="kv"><tbody><tr><th scope="row">'), after[:200]
 
     def test_input_shapes_are_a_line_of_text(self, page: str) -> None:
@@ -86,32 +98,44 @@ class TestDom:
         text = re.sub(r"<svg.*?</svg>", "", page, flags=re.DOTALL)
         assert not re.search(r"\d[eE][+-]\d", text)
         e2e = fast.summary["latency_ms"]["e2e"]
-        assert f"<td>e2e</td><td class=\"num\">{e2e['p50']:.3f}</td>" in page
+        assert f'<td>e2e</td><td class="num">{e2e["p50"]:.3f}</td>' in page
         memory = re.search(r"<h2>Memory</h2>.*?</table>", page, re.DOTALL)
         assert memory
-        slopes = re.findall(r'<td class="num">([^<]*)</td><td class="num">([^<]*)</td><td class="num">[^<]*</td>'
-                            r"</tr>", memory.group(0))
+        slopes = re.findall(
+            r'<td class="num">([^<]*)</td><td class="num">([^<]*)</td><td class="num">[^<]*</td>'
+            r"</tr>",
+            memory.group(0),
+        )
         assert slopes and all(re.fullmatch(r"[+-]\d+\.\d\d|-", v) for pair in slopes for v in pair), slopes
         legends = re.findall(r">trend ([^<]*)</text>", page)
         assert legends and all(re.fullmatch(r"[+-]\d+\.\d\d MiB/h", x) for x in legends), legends
 
     def test_legends_sit_outside_the_plot_area(self, page: str) -> None:
         """In every line plot the legend lies right of the axes, so it covers no line."""
-        for caption in ("Throughput per window", "Latency per stage per window", "Latency distribution per stage",
-                        "host_rss:"):
+        for caption in (
+            "Throughput per window",
+            "Latency per stage per window",
+            "Latency distribution per stage",
+            "host_rss:",
+        ):
             svg = _svg_after(page, caption)
-            axes = svg[svg.index('id="patch_2"'):]
-            right_edge = max(_xs(axes[:axes.index("</g>")]))
+            axes = svg[svg.index('id="patch_2"') :]
+            right_edge = max(_xs(axes[: axes.index("</g>")]))
             assert min(_xs(_legend(svg))) > right_edge, caption
 
     def test_e2e_and_inference_lines_differ_in_more_than_colour(self, page: str) -> None:
         """Where e2e equals inference (no queue), the e2e p99 is a wider translucent stroke with
         its own marker under the inference line."""
         svg = _svg_after(page, "Latency per stage per window")
-        styles = dict(re.findall(r'style="fill: none; stroke: (#[0-9a-f]{6}); stroke-opacity: [\d.]+; '
-                                 r'stroke-width: ([\d.]+)', svg))
+        styles = dict(
+            re.findall(
+                r'style="fill: none; stroke: (#[0-9a-f]{6}); stroke-opacity: [\d.]+; '
+                r"stroke-width: ([\d.]+)",
+                svg,
+            )
+        )
         assert STAGE_COLOURS["e2e"] in styles and float(styles[STAGE_COLOURS["e2e"]]) >= 4
-        widths = dict(re.findall(r'stroke: (#[0-9a-f]{6}); stroke-width: ([\d.]+)', svg))
+        widths = dict(re.findall(r"stroke: (#[0-9a-f]{6}); stroke-width: ([\d.]+)", svg))
         assert float(widths[STAGE_COLOURS["inference"]]) < float(styles[STAGE_COLOURS["e2e"]])
 
 

@@ -16,15 +16,16 @@ from tests.conftest import metric_value, scrape, soakd_cmd, wait_for
 def test_run_serves_metrics_and_writes_the_summary(daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A short closed-loop run exposes per-stage histograms and counts, then writes every summary key."""
     out = tmp_path / "summary.json"
-    d = daemon_factory("--model", "builtin:noop", "--warmup", "5", "--concurrency", "4",
-                       "--duration", "4s", "--summary-json", str(out))
+    d = daemon_factory(
+        "--model", "builtin:noop", "--warmup", "5", "--concurrency", "4", "--duration", "4s", "--summary-json", str(out)
+    )
     d.wait_ready()
     text = d.metrics()
     buckets = [line for line in text.splitlines() if line.startswith("soakd_request_duration_seconds_bucket")]
     for stage in ("e2e", "queue", "inference"):
         assert any(f'stage="{stage}"' in line and 'le="0.0001"' in line for line in buckets)
     assert 'soakd_build_info{version="' in text
-    assert 'soakd_run_info{' in text and 'model="builtin:noop"' in text
+    assert "soakd_run_info{" in text and 'model="builtin:noop"' in text
     assert (metric_value(text, "soakd_model_load_seconds") or 0) > 0
     assert (metric_value(text, "soakd_warmup_seconds") or 0) > 0
     assert d.proc.wait(60) == 0, d.output()
@@ -38,8 +39,16 @@ def test_run_serves_metrics_and_writes_the_summary(daemon_factory, tmp_path: Pat
     assert summary["cold_start"]["warmup_runs"] == 5
     assert summary["batch_size"]["mean"] >= 1
     run = summary["run"]
-    for key in ("model", "model_sha256", "soakd_version", "torch_version", "cuda_version", "device_name",
-                "host", "config"):
+    for key in (
+        "model",
+        "model_sha256",
+        "soakd_version",
+        "torch_version",
+        "cuda_version",
+        "device_name",
+        "host",
+        "config",
+    ):
         assert key in run
     assert run["model"] == "builtin:noop" and len(run["model_sha256"]) == 64
     assert run["config"]["load"]["concurrency"] == 4
@@ -49,8 +58,20 @@ def test_run_serves_metrics_and_writes_the_summary(daemon_factory, tmp_path: Pat
 def test_open_loop_summary_has_schedule_lag(daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Open-loop runs report the lag between intended and actual send, in the summary and on /metrics."""
     out = tmp_path / "summary.json"
-    d = daemon_factory("--model", "builtin:noop", "--warmup", "2", "--rate", "300", "--arrival", "poisson",
-                       "--duration", "3s", "--summary-json", str(out))
+    d = daemon_factory(
+        "--model",
+        "builtin:noop",
+        "--warmup",
+        "2",
+        "--rate",
+        "300",
+        "--arrival",
+        "poisson",
+        "--duration",
+        "3s",
+        "--summary-json",
+        str(out),
+    )
     d.wait_ready()
     assert "soakd_schedule_lag_seconds_bucket" in d.metrics()
     assert d.proc.wait(60) == 0, d.output()
@@ -62,8 +83,7 @@ def test_open_loop_summary_has_schedule_lag(daemon_factory, tmp_path: Path) -> N
 def test_sigterm_drains_and_writes_summary(daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """With no --duration soakd runs until SIGTERM, then drains in-flight work, writes the summary, exits 0."""
     out = tmp_path / "summary.json"
-    d = daemon_factory("--model", "builtin:sleep", "--warmup", "2", "--concurrency", "8",
-                       "--summary-json", str(out))
+    d = daemon_factory("--model", "builtin:sleep", "--warmup", "2", "--concurrency", "8", "--summary-json", str(out))
     d.wait_ready()
     d.proc.send_signal(signal.SIGTERM)
     assert d.proc.wait(30) == 0, d.output()
@@ -99,14 +119,17 @@ def test_port_in_use_is_a_clear_error(daemon_factory) -> None:  # type: ignore[n
     wait_for(lambda: scrape(first.port), what="first soakd")
     res = subprocess.run(
         soakd_cmd("run", "--model", "builtin:noop", "--metrics-addr", f"127.0.0.1:{first.port}"),
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert res.returncode == 2
     assert "metrics.addr" in res.stderr
 
 
-def test_an_unexpected_failure_exits_3_with_its_traceback(monkeypatch: pytest.MonkeyPatch,
-                                                           caplog: pytest.LogCaptureFixture) -> None:
+def test_an_unexpected_failure_exits_3_with_its_traceback(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """A bug in soakd itself exits 3, not 1 (SLO missed) or 2 (config): systemd restarts only it."""
     from soakd import cli
     from soakd.errors import Exit

@@ -123,8 +123,7 @@ class TestSampleSource:
         make_samples(tmp_path)
         (tmp_path / "lines.txt").write_text("first line\n\n second line \n")
         src = SampleSource(str(tmp_path), Preprocessor((3, 8, 8)))
-        files = sorted({p.name for p in tmp_path.rglob("*") if p.suffix in (".jpg", ".png", ".json")}
-                       - {".hidden.jpg"})
+        files = sorted({p.name for p in tmp_path.rglob("*") if p.suffix in (".jpg", ".png", ".json")} - {".hidden.jpg"})
         per_pass = len(files) + 2  # each file once, and two non-empty lines of the text file
         items = [src.next()[1] for _ in range(2 * per_pass)]
         names = [Path(i.path if isinstance(i, TextLine) else i).name for i in items]
@@ -154,9 +153,24 @@ def test_replay_counts_ok_and_bad_input_and_times_every_stage(daemon_factory, tm
     the pool's busy ratio, names each corrupt file once in the log and keeps going."""
     samples = make_samples(tmp_path / "samples")
     out = tmp_path / "summary.json"
-    d = daemon_factory("--model", "builtin:convnet", "--input-shapes", "3x64x64", "--samples", str(samples),
-                       "--preprocess-workers", "2", "--warmup", "2", "--concurrency", "8",
-                       "--duration", "5s", "--summary-json", str(out))
+    d = daemon_factory(
+        "--model",
+        "builtin:convnet",
+        "--input-shapes",
+        "3x64x64",
+        "--samples",
+        str(samples),
+        "--preprocess-workers",
+        "2",
+        "--warmup",
+        "2",
+        "--concurrency",
+        "8",
+        "--duration",
+        "5s",
+        "--summary-json",
+        str(out),
+    )
     d.wait_ready()
 
     def scraped_all() -> str | None:
@@ -192,11 +206,28 @@ def test_detector_samples_run_through_nms(tmp_path: Path) -> None:
         _image(160 + 40 * i, 120, i).save(samples / f"{i}.jpg")
     out = tmp_path / "summary.json"
     proc = subprocess.run(
-        soakd_cmd("run", "--model", "builtin:detector", "--input-shapes", "3x128x128",
-                  "--samples", str(samples), "--warmup", "1", "--concurrency", "4", "--duration", "2s",
-                  "--metrics-addr", "127.0.0.1:0",
-                  "--summary-json", str(out)),
-        capture_output=True, text=True, timeout=120,
+        soakd_cmd(
+            "run",
+            "--model",
+            "builtin:detector",
+            "--input-shapes",
+            "3x128x128",
+            "--samples",
+            str(samples),
+            "--warmup",
+            "1",
+            "--concurrency",
+            "4",
+            "--duration",
+            "2s",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--summary-json",
+            str(out),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(out.read_text())
@@ -210,16 +241,25 @@ def test_text_lines_replay_as_padded_token_batches(tmp_path: Path) -> None:
     words = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "again", "and", "again"]
     (tmp_path / "lines.txt").write_text("\n".join(" ".join(words[: 1 + i % 11]) for i in range(40)))
     (tmp_path / "empty.txt").write_text("")
-    cfg = load_config(None, {"input.samples": str(tmp_path), "input.pad": True, "input.postprocess": "none",
-                             "load.concurrency": 16, "batcher.max_batch_size": 8})
+    cfg = load_config(
+        None,
+        {
+            "input.samples": str(tmp_path),
+            "input.pad": True,
+            "input.postprocess": "none",
+            "load.concurrency": 16,
+            "batcher.max_batch_size": 8,
+        },
+    )
     shapes: list[tuple[int, ...]] = []
 
     def record(x: torch.Tensor) -> torch.Tensor:
         shapes.append(tuple(x.shape))
         return x
 
-    engine = Engine(LocalModelTarget(record, torch.device("cpu")),
-                    build_source(cfg, None, torch.float32), cfg, Metrics())
+    engine = Engine(
+        LocalModelTarget(record, torch.device("cpu")), build_source(cfg, None, torch.float32), cfg, Metrics()
+    )
     engine.start()
     deadline = time.monotonic() + 60
     while engine.stats().completed["ok"] < 500 and time.monotonic() < deadline:

@@ -30,7 +30,7 @@ def make(**options):
     return Echo()
 '''
 
-CONFIG = '''
+CONFIG = """
 [model]
 spec = "python:{factory}:make"
 warmup = 1
@@ -51,7 +51,7 @@ shapes = "16"
 [load]
 concurrency = 2
 duration = "1s"
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +61,23 @@ def soaked(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "factory.py").write_text(FACTORY)
     (root / "soak.toml").write_text(CONFIG.format(factory=root / "factory.py"))
     proc = subprocess.run(
-        soakd_cmd("run", "--config", str(root / "soak.toml"), "--state-dir", str(root / "state"),
-                  "--run-id", "r1", "--summary-json", str(root / "summary.json"), "--metrics-addr", "127.0.0.1:0"),
-        capture_output=True, text=True, timeout=120, cwd=root,
+        soakd_cmd(
+            "run",
+            "--config",
+            str(root / "soak.toml"),
+            "--state-dir",
+            str(root / "state"),
+            "--run-id",
+            "r1",
+            "--summary-json",
+            str(root / "summary.json"),
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
     )
     assert proc.returncode == 0, proc.stderr
     assert "SEKRET" not in proc.stdout + proc.stderr
@@ -75,8 +89,12 @@ def outputs(root: Path) -> dict[str, bytes]:
     files = {p.relative_to(root).as_posix(): p.read_bytes() for p in (root / "state").rglob("*") if p.is_file()}
     files["summary.json"] = (root / "summary.json").read_bytes()
     for fmt in ("json", "html", "md"):
-        proc = subprocess.run(soakd_cmd("report", "--state-dir", str(root / "state"), "--format", fmt),
-                              capture_output=True, timeout=60, check=True)
+        proc = subprocess.run(
+            soakd_cmd("report", "--state-dir", str(root / "state"), "--format", fmt),
+            capture_output=True,
+            timeout=60,
+            check=True,
+        )
         files[f"report --format {fmt}"] = proc.stdout
     return files
 
@@ -92,22 +110,42 @@ def test_no_output_holds_a_secret(soaked: Path) -> None:
 def test_the_config_stays_readable_around_the_secrets(soaked: Path) -> None:
     """Redaction replaces the values only: the keys, max_tokens and the other options are still there."""
     options = json.loads((soaked / "summary.json").read_text())["run"]["config"]["model"]["options"]
-    assert options == {"api_token": REDACTED, "apiKey": REDACTED, "max_tokens": 7,
-                       "hub": {"password": REDACTED, "Authorization": REDACTED, "repo": "org/model"}}
+    assert options == {
+        "api_token": REDACTED,
+        "apiKey": REDACTED,
+        "max_tokens": 7,
+        "hub": {"password": REDACTED, "Authorization": REDACTED, "repo": "org/model"},
+    }
 
 
 def test_summary_and_report_are_private(soaked: Path) -> None:
     """The summary and the HTML report in the state dir, and --summary-json, are mode 0600."""
-    for path in (soaked / "summary.json", soaked / "state" / "r1" / "summary.json",
-                 soaked / "state" / "r1" / "report.html"):
+    for path in (
+        soaked / "summary.json",
+        soaked / "state" / "r1" / "summary.json",
+        soaked / "state" / "r1" / "report.html",
+    ):
         assert path.stat().st_mode & 0o777 == 0o600, path
 
 
-@pytest.mark.parametrize(("key", "secret"), [
-    ("api_token", True), ("HF_TOKEN", True), ("apiKey", True), ("x-api-key", True), ("client_secret", True),
-    ("db_password", True), ("Authorization", True), ("access-token", True),
-    ("max_tokens", False), ("keyframes", False), ("tokenizer", False), ("monkey", False), ("batch_ms", False),
-])
+@pytest.mark.parametrize(
+    ("key", "secret"),
+    [
+        ("api_token", True),
+        ("HF_TOKEN", True),
+        ("apiKey", True),
+        ("x-api-key", True),
+        ("client_secret", True),
+        ("db_password", True),
+        ("Authorization", True),
+        ("access-token", True),
+        ("max_tokens", False),
+        ("keyframes", False),
+        ("tokenizer", False),
+        ("monkey", False),
+        ("batch_ms", False),
+    ],
+)
 def test_credentials_are_told_by_the_parts_of_a_key_name(key: str, secret: bool) -> None:
     """Whole name parts decide, case-insensitively: api_token is a secret, max_tokens is not."""
     assert is_secret_key(key) is secret
@@ -138,21 +176,47 @@ def test_otlp_header_secrets_appear_nowhere(tmp_path: Path) -> None:
 
     collector = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=collector.serve_forever, daemon=True).start()
-    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{collector.server_address[1]}",
-           "OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Bearer%20SEKRET-otlp-5", "OTEL_EXPORTER_OTLP_PROTOCOL":
-           "http/protobuf"}
+    env = {
+        **os.environ,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{collector.server_address[1]}",
+        "OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Bearer%20SEKRET-otlp-5",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+    }
     cfg = tmp_path / "soak.toml"
     cfg.write_text('[otel]\nexport_interval = "500ms"\n')
     try:
         proc = subprocess.run(
-            soakd_cmd("run", "--config", str(cfg), "--model", "builtin:noop", "--warmup", "1", "--duration", "2s",
-                      "--state-dir", str(tmp_path / "state"), "--run-id", "r1",
-                      "--summary-json", str(tmp_path / "summary.json"), "--metrics-addr", "127.0.0.1:0"),
-            capture_output=True, text=True, timeout=120, env=env)
+            soakd_cmd(
+                "run",
+                "--config",
+                str(cfg),
+                "--model",
+                "builtin:noop",
+                "--warmup",
+                "1",
+                "--duration",
+                "2s",
+                "--state-dir",
+                str(tmp_path / "state"),
+                "--run-id",
+                "r1",
+                "--summary-json",
+                str(tmp_path / "summary.json"),
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
     finally:
         collector.shutdown()
     assert proc.returncode == 0, proc.stderr
     assert "Bearer SEKRET-otlp-5" in seen  # the token did its job
-    leaked = [p.name for p in [tmp_path / "summary.json", *(tmp_path / "state").rglob("*")]
-              if p.is_file() and b"SEKRET" in p.read_bytes()]
+    leaked = [
+        p.name
+        for p in [tmp_path / "summary.json", *(tmp_path / "state").rglob("*")]
+        if p.is_file() and b"SEKRET" in p.read_bytes()
+    ]
     assert leaked == [] and "SEKRET" not in proc.stdout + proc.stderr

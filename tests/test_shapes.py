@@ -27,7 +27,7 @@ class TestShapeMix:
         """Over 20k requests each shape's share is within two points of its weight."""
         src = ShapeSource("3x24x24=0.6,3x32x32=0.3,3x8x8=0.1", pool=2)
         draws = [src.next() for _ in range(20_000)]
-        for (shape, weight) in [((3, 24, 24), 0.6), ((3, 32, 32), 0.3), ((3, 8, 8), 0.1)]:
+        for shape, weight in [((3, 24, 24), 0.6), ((3, 32, 32), 0.3), ((3, 8, 8), 0.1)]:
             share = sum(1 for key, _ in draws if key == shape) / len(draws)
             assert share == pytest.approx(weight, abs=0.02)
         assert all(tuple(t.shape) == key for key, t in draws[:100])
@@ -35,9 +35,20 @@ class TestShapeMix:
     def test_shape_mix_run_exports_three_distinct_shapes(self, daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
         """A three-shape mix shows soakd_input_shapes_seen == 3 on /metrics and in the summary."""
         out = tmp_path / "summary.json"
-        d = daemon_factory("--model", "builtin:noop", "--input-shapes", "3x24x24=0.6,3x32x32=0.3,3x8x8=0.1",
-                           "--warmup", "3", "--concurrency", "8", "--duration", "3s",
-                           "--summary-json", str(out))
+        d = daemon_factory(
+            "--model",
+            "builtin:noop",
+            "--input-shapes",
+            "3x24x24=0.6,3x32x32=0.3,3x8x8=0.1",
+            "--warmup",
+            "3",
+            "--concurrency",
+            "8",
+            "--duration",
+            "3s",
+            "--summary-json",
+            str(out),
+        )
         d.wait_ready()
         wait_for(lambda: metric_value(d.metrics(), "soakd_input_shapes_seen") == 3, 30, what="3 shapes seen")
         assert d.proc.wait(60) == 0, d.output()
@@ -49,8 +60,9 @@ class TestSeqLen:
         spec = parse_seq_spec("seq:lognormal(mean=128,sigma=0.5,min=8,max=4096)")
         lengths = draw_lengths(spec, np.random.default_rng(0), 50_000)
         assert lengths.mean() == pytest.approx(128, rel=0.03)
-        clipped = draw_lengths(parse_seq_spec("seq:lognormal(mean=128,sigma=1.5,min=8,max=512)"),
-                               np.random.default_rng(0), 50_000)
+        clipped = draw_lengths(
+            parse_seq_spec("seq:lognormal(mean=128,sigma=1.5,min=8,max=512)"), np.random.default_rng(0), 50_000
+        )
         assert clipped.min() == 8 and clipped.max() == 512
 
     def test_uniform_and_fixed(self) -> None:
@@ -86,16 +98,25 @@ class TestPadding:
 
     def test_padded_sequences_share_batches(self) -> None:
         """With input.pad, 61 different lengths still fill batches; each batch is one padded shape."""
-        cfg = load_config(None, {"input.shapes": "seq:uniform(min=4,max=64)", "input.pad": True,
-                                 "load.concurrency": 32, "batcher.max_batch_size": 8, "model.warmup": 0})
+        cfg = load_config(
+            None,
+            {
+                "input.shapes": "seq:uniform(min=4,max=64)",
+                "input.pad": True,
+                "load.concurrency": 32,
+                "batcher.max_batch_size": 8,
+                "model.warmup": 0,
+            },
+        )
         seen: list[tuple[int, ...]] = []
 
         def record(x: torch.Tensor) -> torch.Tensor:
             seen.append(tuple(x.shape))
             return x
 
-        engine = Engine(LocalModelTarget(record, torch.device("cpu")),
-                        build_source(cfg, None, torch.float32), cfg, Metrics())
+        engine = Engine(
+            LocalModelTarget(record, torch.device("cpu")), build_source(cfg, None, torch.float32), cfg, Metrics()
+        )
         engine.start()
         deadline = time.monotonic() + 60
         while engine.stats().completed["ok"] < 2000 and time.monotonic() < deadline:

@@ -16,8 +16,11 @@ SUMMARY = {
     "duration_seconds": 120.0,
     "requests": {"ok": 990, "error": 6, "timeout": 4},
     "latency_ms": {"e2e": {"p99": 12.0}, "inference": {"p99": 9.0}, "queue": {"p99": 2.5}},
-    "memory": {"host_rss": {"leak_suspected": True}, "torch_cuda_allocated": {"leak_suspected": False},
-               "host_uss": {"leak_suspected": None}},
+    "memory": {
+        "host_rss": {"leak_suspected": True},
+        "torch_cuda_allocated": {"leak_suspected": False},
+        "host_uss": {"leak_suspected": None},
+    },
 }
 
 
@@ -28,12 +31,24 @@ def by_name(block: dict[str, object]) -> dict[str, dict[str, object]]:
 class TestChecks:
     def test_each_check_reports_limit_observed_and_result(self) -> None:
         """Every configured SLO shows up with its limit, what was observed, and pass or fail."""
-        slo = SloConfig(p99_ms=10.0, stage_p99_ms={"inference": 10.0, "queue": 2.0}, max_error_ratio=0.02,
-                        min_throughput_rps=200.0, min_duration=60.0)
+        slo = SloConfig(
+            p99_ms=10.0,
+            stage_p99_ms={"inference": 10.0, "queue": 2.0},
+            max_error_ratio=0.02,
+            min_throughput_rps=200.0,
+            min_duration=60.0,
+        )
         block = slo_block(slo, SUMMARY)
         checks = by_name(block)
-        assert checks["p99 e2e"] == {"name": "p99 e2e", "limit": 10.0, "observed": 12.0, "op": "<=",
-                                     "unit": "ms", "passed": False, "status": "FAIL"}
+        assert checks["p99 e2e"] == {
+            "name": "p99 e2e",
+            "limit": 10.0,
+            "observed": 12.0,
+            "op": "<=",
+            "unit": "ms",
+            "passed": False,
+            "status": "FAIL",
+        }
         assert checks["p99 inference"]["passed"] is True
         assert checks["p99 queue"]["passed"] is False
         assert checks["error ratio"]["observed"] == pytest.approx(0.01)
@@ -73,16 +88,19 @@ class TestConfig:
         p.write_text(text)
         return p
 
-    @pytest.mark.parametrize(("text", "path"), [
-        ("[slo.stage_p99_ms]\nbogus = 1.0\n", "slo.stage_p99_ms.bogus"),
-        ("[slo.stage_p99_ms]\ninference = -1.0\n", "slo.stage_p99_ms.inference"),
-        ("[slo]\nno_leak = \"host_rss\"\n", "slo.no_leak"),
-        ("[slo]\nno_leak = [1]\n", "slo.no_leak[0]"),
-        ("[slo]\nmin_duration = \"soon\"\n", "slo.min_duration"),
-        ("[compare]\nconfidence = 2.0\n", "compare.confidence"),
-        ("[compare]\nmax_throughput_drop = 1.5\n", "compare.max_throughput_drop"),
-        ("[compare]\nbogus = 1\n", "compare.bogus"),
-    ])
+    @pytest.mark.parametrize(
+        ("text", "path"),
+        [
+            ("[slo.stage_p99_ms]\nbogus = 1.0\n", "slo.stage_p99_ms.bogus"),
+            ("[slo.stage_p99_ms]\ninference = -1.0\n", "slo.stage_p99_ms.inference"),
+            ('[slo]\nno_leak = "host_rss"\n', "slo.no_leak"),
+            ("[slo]\nno_leak = [1]\n", "slo.no_leak[0]"),
+            ('[slo]\nmin_duration = "soon"\n', "slo.min_duration"),
+            ("[compare]\nconfidence = 2.0\n", "compare.confidence"),
+            ("[compare]\nmax_throughput_drop = 1.5\n", "compare.max_throughput_drop"),
+            ("[compare]\nbogus = 1\n", "compare.bogus"),
+        ],
+    )
     def test_errors_name_the_key(self, tmp_path: Path, text: str, path: str) -> None:
         """A bad SLO or compare key is a config error that names its key path."""
         with pytest.raises(ConfigError, match=rf"^{re.escape(path)}:"):
@@ -90,11 +108,11 @@ class TestConfig:
 
     def test_full_section_loads(self, tmp_path: Path) -> None:
         """Every SLO key together, with a duration, loads typed."""
-        text = ('[slo]\np99_ms = 50\nno_leak = ["host_rss"]\nmin_duration = "2h"\n'
-                "[slo.stage_p99_ms]\ninference = 20\n")
+        text = '[slo]\np99_ms = 50\nno_leak = ["host_rss"]\nmin_duration = "2h"\n[slo.stage_p99_ms]\ninference = 20\n'
         cfg = load_config(self.write(tmp_path, text))
-        assert cfg.slo == SloConfig(p99_ms=50.0, stage_p99_ms={"inference": 20.0}, no_leak=["host_rss"],
-                                    min_duration=7200.0)
+        assert cfg.slo == SloConfig(
+            p99_ms=50.0, stage_p99_ms={"inference": 20.0}, no_leak=["host_rss"], min_duration=7200.0
+        )
 
     def test_bad_slo_config_exits_2(self, tmp_path: Path) -> None:
         """`soakd run` with an invalid [slo] stops before loading anything, with exit code 2."""
@@ -128,12 +146,10 @@ class TestRunExitCode:
     def test_report_gate_with_stricter_config(self) -> None:
         """`soakd report --config` re-checks a finished run against other SLOs: exit 1 when missed."""
         fast, strict = runs("fast", "strict").values()
-        res = soakd("report", "--state-dir", str(fast.state_dir), "--format", "md", "--config",
-                    str(strict.config_path))
+        res = soakd("report", "--state-dir", str(fast.state_dir), "--format", "md", "--config", str(strict.config_path))
         assert res.returncode == 1, res.stderr
         assert "## Verdict: SLOs MISSED (p99 e2e)" in res.stdout
-        ok = soakd("report", "--state-dir", str(fast.state_dir), "--format", "md", "--config",
-                   str(fast.config_path))
+        ok = soakd("report", "--state-dir", str(fast.state_dir), "--format", "md", "--config", str(fast.config_path))
         assert ok.returncode == 0, ok.stderr
 
 

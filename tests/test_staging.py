@@ -88,8 +88,12 @@ def test_buffers_fill_inside_and_outside_inference_mode() -> None:
     x = staging.stack(items)
     assert x.data_ptr() == ptr
     torch.testing.assert_close(x, torch.stack(items), rtol=0, atol=0)
-    torch.testing.assert_close(staging.collate([randn(4, seed=0), randn(2, seed=1)]),
-                               pad_collate(requests([randn(4, seed=0), randn(2, seed=1)])), rtol=0, atol=0)
+    torch.testing.assert_close(
+        staging.collate([randn(4, seed=0), randn(2, seed=1)]),
+        pad_collate(requests([randn(4, seed=0), randn(2, seed=1)])),
+        rtol=0,
+        atol=0,
+    )
     with torch.inference_mode():
         assert staging.stack(items).data_ptr() == ptr
 
@@ -109,8 +113,10 @@ def test_padded_sequences_match_pad_collate() -> None:
     lengths_per_batch = [[5, 9, 3, 9], [9, 1, 2, 4], [7, 7, 7, 7], [2, 9, 9, 9]]
     ptrs_for_longest_9 = set()
     for b, lengths in enumerate(lengths_per_batch):
-        seqs = [torch.randint(1, 1000, (n,), generator=torch.Generator().manual_seed(b * 10 + i))
-                for i, n in enumerate(lengths)]
+        seqs = [
+            torch.randint(1, 1000, (n,), generator=torch.Generator().manual_seed(b * 10 + i))
+            for i, n in enumerate(lengths)
+        ]
         x = staging.collate(seqs)
         expected = pad_collate(requests(seqs))
         assert x.dtype == expected.dtype

@@ -21,14 +21,17 @@ NOOP = ("--model", "builtin:noop", "--warmup", "1", "--concurrency", "2")
 
 
 def soakd_run(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(soakd_cmd("run", *NOOP, "--metrics-addr", "127.0.0.1:0", *args),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        soakd_cmd("run", *NOOP, "--metrics-addr", "127.0.0.1:0", *args), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def segments(state: Path, run_id: str) -> list[tuple[int, int]]:
     with sqlite3.connect(f"file:{state / DB_NAME}?mode=ro", uri=True) as conn:
-        return [(int(a), int(b)) for a, b in
-                conn.execute("SELECT id, pid FROM segments WHERE run_id = ? ORDER BY id", (run_id,))]
+        return [
+            (int(a), int(b))
+            for a, b in conn.execute("SELECT id, pid FROM segments WHERE run_id = ? ORDER BY id", (run_id,))
+        ]
 
 
 def test_a_second_soakd_on_a_live_run_refuses_naming_the_holder(daemon_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -73,8 +76,15 @@ def test_a_live_soaks_locked_database_is_not_moved_aside(daemon_factory, tmp_pat
     assert f"pid {live.proc.pid}" in newcomer.stderr and "not moving" in newcomer.stderr
     assert not list(state.glob(f"{DB_NAME}.*-*"))  # nothing moved aside
     assert live.stop() == 0, live.output()
-    report = json.loads(subprocess.run(soakd_cmd("report", "--state-dir", str(state), "--run-id", "live"),
-                                       capture_output=True, text=True, timeout=60, check=True).stdout)
+    report = json.loads(
+        subprocess.run(
+            soakd_cmd("report", "--state-dir", str(state), "--run-id", "live"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+    )
     assert report["requests"]["ok"] > 0 and len(report["segments"]) == 1
     assert (state / "live" / "report.html").is_file()
 
@@ -103,6 +113,7 @@ def test_a_corrupt_database_with_no_live_soak_is_still_moved_aside(tmp_path: Pat
 
 # --------------------------------------------------------------------------- soakd report on bad state
 
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A state dir holding one short finished run, r1."""
@@ -113,8 +124,9 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def report(state: Path, *args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*prefix, *soakd_cmd("report", "--state-dir", str(state), *args)],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [*prefix, *soakd_cmd("report", "--state-dir", str(state), *args)], capture_output=True, text=True, timeout=60
+    )
 
 
 def damaged_copy(recorded: Path, tmp_path: Path, damage: str) -> Path:

@@ -124,8 +124,9 @@ def test_downsampling_and_retention_keep_totals_and_bound_rows(tmp_path: Path) -
         [(start + 10 * i, float(i), float(i), float(i)) for i in range(n_samples)],
     )
     for i in range(n_windows):
-        store.write_window(seg, "r1", _window(start + 60 * i, start + 60 * (i + 1), 10,
-                                              list(rng.uniform(0.001, 0.002, 10))))
+        store.write_window(
+            seg, "r1", _window(start + 60 * i, start + 60 * (i + 1), 10, list(rng.uniform(0.001, 0.002, 10)))
+        )
     store.flush()
     before = load_run_report(tmp_path, "r1")
     clock.t = start + 3 * DAY

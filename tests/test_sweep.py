@@ -36,18 +36,27 @@ def _steps(rows: Sequence[tuple[int, float, float]]) -> list[dict[str, object]]:
 def _sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     cfg = tmp_path / "sleep.toml"
     # A model with a fixed per-batch cost and a small per-item one: batching pays, up to a point.
-    cfg.write_text('[model]\nspec = "builtin:sleep"\nwarmup = 2\n'
-                   'options = { batch_ms = 2.0, item_ms = 0.1 }\n')
-    return subprocess.run(soakd_cmd("sweep", "--config", str(cfg), *args), capture_output=True, text=True,
-                          timeout=120)
+    cfg.write_text('[model]\nspec = "builtin:sleep"\nwarmup = 2\noptions = { batch_ms = 2.0, item_ms = 0.1 }\n')
+    return subprocess.run(soakd_cmd("sweep", "--config", str(cfg), *args), capture_output=True, text=True, timeout=120)
 
 
 def test_sweep_over_batch_sizes_reports_every_field_and_a_recommendation(tmp_path: Path) -> None:
     """Three steps over max batch size: each step has every figure, the best setting under the SLO
     is recommended, the table is printed, and the exit code is 0."""
     out = tmp_path / "sweep.json"
-    proc = _sweep(tmp_path, "--concurrency", "16", "--max-batch-size", "1,4,16", "--step-duration", "2s",
-                  "--slo-p99-ms", "500", "--json", str(out))
+    proc = _sweep(
+        tmp_path,
+        "--concurrency",
+        "16",
+        "--max-batch-size",
+        "1,4,16",
+        "--step-duration",
+        "2s",
+        "--slo-p99-ms",
+        "500",
+        "--json",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     steps = result["steps"]
@@ -72,8 +81,7 @@ def test_sweep_over_batch_sizes_reports_every_field_and_a_recommendation(tmp_pat
 def test_no_step_meeting_the_slo_exits_1(tmp_path: Path) -> None:
     """An SLO nothing can meet: the steps are still reported, no recommendation, exit 1."""
     out = tmp_path / "sweep.json"
-    proc = _sweep(tmp_path, "--rate", "200", "--step-duration", "1s", "--slo-p99-ms", "0.001",
-                  "--json", str(out))
+    proc = _sweep(tmp_path, "--rate", "200", "--step-duration", "1s", "--slo-p99-ms", "0.001", "--json", str(out))
     assert proc.returncode == 1, proc.stderr
     result = json.loads(out.read_text())
     assert result["mode"] == "rate" and result["steps"][0]["rate"] == 200
@@ -118,8 +126,14 @@ class TestKneeAndRecommendation:
 
 
 def _ns(**kw: object) -> argparse.Namespace:
-    base: dict[str, object] = {"sweep_concurrency": None, "sweep_rate": None, "sweep_max_batch_size": None,
-                               "step_duration": None, "slo_p99_ms": None, "json_out": None}
+    base: dict[str, object] = {
+        "sweep_concurrency": None,
+        "sweep_rate": None,
+        "sweep_max_batch_size": None,
+        "step_duration": None,
+        "slo_p99_ms": None,
+        "json_out": None,
+    }
     return argparse.Namespace(**{**base, **kw})
 
 

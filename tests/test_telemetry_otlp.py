@@ -65,8 +65,9 @@ class Receiver:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def metric_names(self) -> set[str]:
-        return {m.name for req in self.metrics for rm in req.resource_metrics for sm in rm.scope_metrics
-                for m in sm.metrics}
+        return {
+            m.name for req in self.metrics for rm in req.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+        }
 
     def find(self, name: str) -> Any:
         for req in reversed(self.metrics):
@@ -90,8 +91,7 @@ def receiver() -> Iterator[Receiver]:
     r.server.server_close()
 
 
-def test_bridge_pushes_registry_families_with_soakd_names(receiver: Receiver,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bridge_pushes_registry_families_with_soakd_names(receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
     """Gauges, counters and histograms from the Prometheus registry arrive with their values."""
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
@@ -104,8 +104,12 @@ def test_bridge_pushes_registry_families_with_soakd_names(receiver: Receiver,
     m.gc_pause.labels("2").observe(0.003)
     m.gc_pause.labels("2").observe(0.2)
     m.request_duration.labels("e2e").observe_many([0.001, 0.002, 0.004])
-    bridge = RegistryBridge(m.registry, build_resource({"soakd.run_id": "r1"}), 60,
-                            OTLPMetricExporter(endpoint=receiver.url + "/v1/metrics"))
+    bridge = RegistryBridge(
+        m.registry,
+        build_resource({"soakd.run_id": "r1"}),
+        60,
+        OTLPMetricExporter(endpoint=receiver.url + "/v1/metrics"),
+    )
     assert bridge.export_once()
     bridge.stop()
 
@@ -150,23 +154,39 @@ def test_default_service_name_is_soakd(monkeypatch: pytest.MonkeyPatch) -> None:
     assert res.attributes["service.name"] == "soakd"
 
 
-def test_daemon_pushes_metrics_and_batch_spans(daemon_factory: Any, receiver: Receiver,
-                                               tmp_path: Path) -> None:
+def test_daemon_pushes_metrics_and_batch_spans(daemon_factory: Any, receiver: Receiver, tmp_path: Path) -> None:
     """`soakd run` with OTEL_EXPORTER_OTLP_ENDPOINT pushes soakd's metrics and sampled batch spans."""
     cfg = tmp_path / "otel.toml"
     cfg.write_text('[otel]\nexport_interval = "0.5s"\ntrace_sample_ratio = 1.0\n')
-    d = daemon_factory("--config", str(cfg), "--model", "builtin:noop", "--warmup", "2", "--duration", "30s",
-                       "--memory-interval", "0.25s",
-                       env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_SERVICE_NAME": "soakd-ci",
-                            "OTEL_BSP_SCHEDULE_DELAY": "200"})
+    d = daemon_factory(
+        "--config",
+        str(cfg),
+        "--model",
+        "builtin:noop",
+        "--warmup",
+        "2",
+        "--duration",
+        "30s",
+        "--memory-interval",
+        "0.25s",
+        env={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+            "OTEL_SERVICE_NAME": "soakd-ci",
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+        },
+    )
     d.wait_ready()
-    wanted = {"soakd_process_resident_memory_bytes", "soakd_requests_total", "soakd_collector_up",
-              "soakd_request_duration_seconds", "soakd_malloc_in_use_bytes"}
+    wanted = {
+        "soakd_process_resident_memory_bytes",
+        "soakd_requests_total",
+        "soakd_collector_up",
+        "soakd_request_duration_seconds",
+        "soakd_malloc_in_use_bytes",
+    }
     wait_for(lambda: wanted <= receiver.metric_names(), 30, 0.2, "soakd metrics at the receiver")
     wait_for(lambda: receiver.traces, 30, 0.2, "batch spans at the receiver")
     assert receiver.resource()["service.name"] == "soakd-ci"
-    spans = [s for req in receiver.traces for rs in req.resource_spans for ss in rs.scope_spans
-             for s in ss.spans]
+    spans = [s for req in receiver.traces for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
     assert spans and all(s.name == "batch" for s in spans)
     assert all(s.end_time_unix_nano >= s.start_time_unix_nano > 0 for s in spans)
     assert d.stop() == 0
@@ -183,8 +203,9 @@ def test_unreachable_collector_is_logged_once_per_period(caplog: pytest.LogCaptu
     flt.install()
     caplog.set_level(logging.INFO)
     try:
-        bridge = RegistryBridge(Metrics().registry, build_resource({}), 60,
-                                OTLPMetricExporter(endpoint=url + "/v1/metrics", timeout=0.5))
+        bridge = RegistryBridge(
+            Metrics().registry, build_resource({}), 60, OTLPMetricExporter(endpoint=url + "/v1/metrics", timeout=0.5)
+        )
         results = [bridge.export_once() for _ in range(3)]
     finally:
         flt.remove()

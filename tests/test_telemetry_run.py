@@ -9,7 +9,7 @@ from typing import Any
 
 from tests.conftest import metric_value, wait_for
 
-LEAKY_MODEL = '''
+LEAKY_MODEL = """
 import time
 
 def make():
@@ -21,7 +21,7 @@ def make():
         return x
 
     return forward
-'''
+"""
 
 
 def _number(text: str, name: str, labels: str = "") -> float:
@@ -34,12 +34,26 @@ def test_cpu_run_exports_host_telemetry_and_rss_growth(daemon_factory: Any, tmp_
     """Host sources up, GPU sources down with one log line each, RSS rising under a leaky model."""
     model = tmp_path / "leaky.py"
     model.write_text(LEAKY_MODEL)
-    d = daemon_factory("--model", f"python:{model}:make", "--input-shapes", "16", "--concurrency", "1",
-                       "--max-batch-size", "1", "--warmup", "2", "--duration", "30s",
-                       "--memory-interval", "0.25s")
+    d = daemon_factory(
+        "--model",
+        f"python:{model}:make",
+        "--input-shapes",
+        "16",
+        "--concurrency",
+        "1",
+        "--max-batch-size",
+        "1",
+        "--warmup",
+        "2",
+        "--duration",
+        "30s",
+        "--memory-interval",
+        "0.25s",
+    )
     d.wait_ready()
-    wait_for(lambda: metric_value(d.metrics(), "soakd_collector_up", 'source="host"') == 1, 20,
-             what="host collector up")
+    wait_for(
+        lambda: metric_value(d.metrics(), "soakd_collector_up", 'source="host"') == 1, 20, what="host collector up"
+    )
     first = d.metrics()
     t_first = time.monotonic()
 
@@ -64,8 +78,11 @@ def test_cpu_run_exports_host_telemetry_and_rss_growth(daemon_factory: Any, tmp_
     # ~250 batches/s x 64 KiB: about 16 MB/s kept by the model.
     def grown() -> bool:
         now = d.metrics()
-        return _number(now, "soakd_process_resident_memory_bytes") > rss + 8e6 and \
-            _number(now, "soakd_malloc_in_use_bytes") > _number(first, "soakd_malloc_in_use_bytes") + 8e6
+        return (
+            _number(now, "soakd_process_resident_memory_bytes") > rss + 8e6
+            and _number(now, "soakd_malloc_in_use_bytes") > _number(first, "soakd_malloc_in_use_bytes") + 8e6
+        )
+
     wait_for(grown, 20, 0.25, "RSS and malloc in-use to grow")
     assert time.monotonic() - t_first < 20
 
@@ -88,9 +105,16 @@ def test_config_switches_optional_sources(tmp_path: Path) -> None:
     from soakd.telemetry.pipeline import Telemetry, run_samplers
     from soakd.telemetry.series import SeriesStore
 
-    cfg = load_config(None, {"model.spec": "builtin:noop", "memory.interval": "0.1s",
-                             "memory.tracemalloc": "true", "memory.snapshot_interval": "0.2s",
-                             "otel.enabled": "false"})
+    cfg = load_config(
+        None,
+        {
+            "model.spec": "builtin:noop",
+            "memory.interval": "0.1s",
+            "memory.tracemalloc": "true",
+            "memory.snapshot_interval": "0.2s",
+            "otel.enabled": "false",
+        },
+    )
     metrics, series = Metrics(), SeriesStore(100)
     telemetry = Telemetry(cfg, metrics, run_samplers(cfg, metrics, series, torch.device("cpu")))
     telemetry.start()

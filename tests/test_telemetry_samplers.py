@@ -165,9 +165,13 @@ def test_torch_cuda_reads_every_pool_and_counter() -> None:
     sampler = TorchCudaSampler(m, series, [0], cuda, clock=lambda: 7.0)
     sampler.open()
     sampler.sample()
-    for name, key in [("allocated", "allocated_bytes"), ("reserved", "reserved_bytes"),
-                      ("active", "active_bytes"), ("inactive_split", "inactive_split_bytes"),
-                      ("requested", "requested_bytes")]:
+    for name, key in [
+        ("allocated", "allocated_bytes"),
+        ("reserved", "reserved_bytes"),
+        ("active", "active_bytes"),
+        ("inactive_split", "inactive_split_bytes"),
+        ("requested", "requested_bytes"),
+    ]:
         for pool, tpool in [("all", "all"), ("large", "large_pool"), ("small", "small_pool")]:
             got = value(m, f"soakd_torch_cuda_{name}_bytes", device="cuda:0", pool=pool)
             assert got == stats[f"{key}.{tpool}.current"], (name, pool)
@@ -177,10 +181,12 @@ def test_torch_cuda_reads_every_pool_and_counter() -> None:
     assert value(m, "soakd_torch_cuda_device_allocs_total", device="cuda:0") == stats["num_device_alloc"]
     assert value(m, "soakd_torch_cuda_device_frees_total", device="cuda:0") == stats["num_device_free"]
     allocated, reserved = stats["allocated_bytes.all.current"], stats["reserved_bytes.all.current"]
-    assert value(m, "soakd_torch_cuda_fragmentation_ratio", device="cuda:0", kind="reserved_unallocated") == \
-        pytest.approx(1 - allocated / reserved)
-    assert value(m, "soakd_torch_cuda_fragmentation_ratio", device="cuda:0", kind="inactive_split") == \
-        pytest.approx(stats["inactive_split_bytes.all.current"] / reserved)
+    assert value(
+        m, "soakd_torch_cuda_fragmentation_ratio", device="cuda:0", kind="reserved_unallocated"
+    ) == pytest.approx(1 - allocated / reserved)
+    assert value(m, "soakd_torch_cuda_fragmentation_ratio", device="cuda:0", kind="inactive_split") == pytest.approx(
+        stats["inactive_split_bytes.all.current"] / reserved
+    )
     assert value(m, "soakd_torch_cuda_device_free_bytes", device="cuda:0") == 50 * MiB
     assert list(series.read("torch_cuda_allocated")[1]) == [allocated]
     assert list(series.read("torch_cuda_reserved")[1]) == [reserved]

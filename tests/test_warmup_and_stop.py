@@ -80,9 +80,13 @@ def _models(tmp_path: Path) -> Path:
 
 
 def _run(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(soakd_cmd("run", "--metrics-addr", f"127.0.0.1:{free_port()}",
-                                    "--state-dir", str(tmp_path / "state"), *args),
-                          cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        soakd_cmd("run", "--metrics-addr", f"127.0.0.1:{free_port()}", "--state-dir", str(tmp_path / "state"), *args),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_a_model_that_rejects_the_input_shape_is_a_setup_error(tmp_path: Path) -> None:
@@ -109,8 +113,19 @@ def test_a_flaky_model_is_warmed_up_anyway_and_its_failures_counted(tmp_path: Pa
     and the soak's failures are counted as outcome=error."""
     models = _models(tmp_path)
     out = tmp_path / "summary.json"
-    res = _run(tmp_path, "--model", f"python:{models}:flaky", "--input-shapes", "4", "--warmup", "20",
-               "--duration", "3s", "--summary-json", str(out))
+    res = _run(
+        tmp_path,
+        "--model",
+        f"python:{models}:flaky",
+        "--input-shapes",
+        "4",
+        "--warmup",
+        "20",
+        "--duration",
+        "3s",
+        "--summary-json",
+        str(out),
+    )
     assert res.returncode == 0, res.stderr
     summary = json.loads(out.read_text())
     assert summary["cold_start"]["warmup_failures"] >= 1
@@ -124,8 +139,19 @@ def test_sys_exit_in_forward_during_the_soak_is_counted_not_fatal(tmp_path: Path
     models = _models(tmp_path)
     out = tmp_path / "summary.json"
     t0 = time.monotonic()
-    res = _run(tmp_path, "--model", f"python:{models}:exits", "--input-shapes", "4", "--warmup", "5",
-               "--duration", "3s", "--summary-json", str(out))
+    res = _run(
+        tmp_path,
+        "--model",
+        f"python:{models}:exits",
+        "--input-shapes",
+        "4",
+        "--warmup",
+        "5",
+        "--duration",
+        "3s",
+        "--summary-json",
+        str(out),
+    )
     assert res.returncode == 0, res.stderr
     assert time.monotonic() - t0 < 40
     summary = json.loads(out.read_text())
@@ -137,11 +163,27 @@ def test_sigterm_during_warmup_stops_promptly_without_ready(tmp_path: Path) -> N
     """SIGTERM while a long warm-up runs: out within seconds, exit 0, no READY, no summary."""
     models = _models(tmp_path)
     port = free_port()
-    proc = subprocess.Popen(soakd_cmd("run", "--metrics-addr", f"127.0.0.1:{port}", "--state-dir",
-                                      str(tmp_path / "state"), "--model", f"python:{models}:slow",
-                                      "--input-shapes", "4", "--warmup", "100000",
-                                      "--summary-json", str(tmp_path / "s.json")),
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        soakd_cmd(
+            "run",
+            "--metrics-addr",
+            f"127.0.0.1:{port}",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--model",
+            f"python:{models}:slow",
+            "--input-shapes",
+            "4",
+            "--warmup",
+            "100000",
+            "--summary-json",
+            str(tmp_path / "s.json"),
+        ),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: (tmp_path / "state" / "soakd.db").exists(), 60, what="soakd to open its state")
         time.sleep(2.0)  # well inside warm-up (100000 calls of 50 ms)
@@ -160,8 +202,9 @@ def test_threads_left_by_user_code_do_not_keep_soakd_alive(tmp_path: Path) -> No
     """A factory that starts a non-daemon thread: soakd still exits when the run ends."""
     models = _models(tmp_path)
     t0 = time.monotonic()
-    res = _run(tmp_path, "--model", f"python:{models}:with_thread", "--input-shapes", "4", "--duration", "2s",
-               timeout=60)
+    res = _run(
+        tmp_path, "--model", f"python:{models}:with_thread", "--input-shapes", "4", "--duration", "2s", timeout=60
+    )
     assert res.returncode == 0, res.stderr
     assert "user-poller" in res.stderr
     assert time.monotonic() - t0 < 45
@@ -174,8 +217,23 @@ def test_overload_is_said_during_the_run_and_the_run_keeps_to_its_duration(tmp_p
     cfg = tmp_path / "soak.toml"
     cfg.write_text('[model.options]\nbatch_ms = 20\n[metrics]\nstatus_interval = "1s"\n[load]\ndrain_timeout = "2s"\n')
     t0 = time.monotonic()
-    res = _run(tmp_path, "--config", str(cfg), "--model", "builtin:sleep", "--input-shapes", "4",
-               "--max-batch-size", "1", "--rate", "400", "--duration", "8s", "--summary-json", str(out))
+    res = _run(
+        tmp_path,
+        "--config",
+        str(cfg),
+        "--model",
+        "builtin:sleep",
+        "--input-shapes",
+        "4",
+        "--max-batch-size",
+        "1",
+        "--rate",
+        "400",
+        "--duration",
+        "8s",
+        "--summary-json",
+        str(out),
+    )
     wall = time.monotonic() - t0
     assert res.returncode == 0, res.stderr
     assert "overloaded:" in res.stderr and "offered" in res.stderr
@@ -195,8 +253,23 @@ def test_the_offline_figure_and_the_harness_warning(tmp_path: Path) -> None:
     out = tmp_path / "summary.json"
     cfg = tmp_path / "soak.toml"
     cfg.write_text('[metrics]\nstatus_interval = "1s"\n')
-    res = _run(tmp_path, "--config", str(cfg), "--model", "builtin:noop", "--input-shapes", "3x128x128",
-               "--concurrency", "16", "--max-batch-size", "8", "--duration", "4s", "--summary-json", str(out))
+    res = _run(
+        tmp_path,
+        "--config",
+        str(cfg),
+        "--model",
+        "builtin:noop",
+        "--input-shapes",
+        "3x128x128",
+        "--concurrency",
+        "16",
+        "--max-batch-size",
+        "8",
+        "--duration",
+        "4s",
+        "--summary-json",
+        str(out),
+    )
     assert res.returncode == 0, res.stderr
     off = json.loads(out.read_text())["model_offline"]
     assert off["rps"] > 0 and off["batch_size"] == 8 and off["achieved_ratio"] > 0
@@ -209,14 +282,36 @@ def test_an_unreachable_otlp_collector_does_not_stretch_the_exit(tmp_path: Path)
     step at exit has a deadline instead of the exporter's retries)."""
     port = free_port()
     dead = free_port()
-    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{dead}",
-           "OTEL_EXPORTER_OTLP_TIMEOUT": "10", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(soakd_cmd("run", "--metrics-addr", f"127.0.0.1:{port}", "--state-dir",
-                                      str(tmp_path / "state"), "--model", "builtin:noop", "--warmup", "2"),
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    env = {
+        **os.environ,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{dead}",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "10",
+        "PYTHONUNBUFFERED": "1",
+    }
+    proc = subprocess.Popen(
+        soakd_cmd(
+            "run",
+            "--metrics-addr",
+            f"127.0.0.1:{port}",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--model",
+            "builtin:noop",
+            "--warmup",
+            "2",
+        ),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
-        wait_for(lambda: metric_value(scrape(port), "soakd_requests_total", 'outcome="ok"'), 60,
-                 what="soakd to serve requests")
+        wait_for(
+            lambda: metric_value(scrape(port), "soakd_requests_total", 'outcome="ok"'),
+            60,
+            what="soakd to serve requests",
+        )
         time.sleep(1.0)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)

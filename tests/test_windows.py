@@ -42,8 +42,11 @@ class FakeEngine:
         if self.tick >= self.queue_from:
             self.queue.observe_many(values / 10)
         self.ok, self.err = self.ok + 100, self.err + 1
-        return Stats(self.tick * 5.0, {"ok": self.ok, "error": self.err},
-                     {"e2e": self.e2e.snapshot(), "queue": self.queue.snapshot()})
+        return Stats(
+            self.tick * 5.0,
+            {"ok": self.ok, "error": self.err},
+            {"e2e": self.e2e.snapshot(), "queue": self.queue.snapshot()},
+        )
 
 
 def test_rows_report_each_window_and_stay_bounded_with_counts_conserved() -> None:
@@ -135,12 +138,30 @@ def test_a_short_soak_report_has_points_to_plot(tmp_path: Path) -> None:
     """A 12 s soak's report (built by `soakd report` from the state) has at least five windows."""
     state = tmp_path / "state"
     (tmp_path / "empty.toml").write_text("")
-    run = subprocess.run(soakd_cmd("run", "--model", "builtin:noop", "--duration", "12s", "--metrics-addr",
-                                   f"127.0.0.1:{free_port()}", "--state-dir", str(state)),
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        soakd_cmd(
+            "run",
+            "--model",
+            "builtin:noop",
+            "--duration",
+            "12s",
+            "--metrics-addr",
+            f"127.0.0.1:{free_port()}",
+            "--state-dir",
+            str(state),
+        ),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
-    rep = subprocess.run(soakd_cmd("report", "--state-dir", str(state), "--format", "json", "--config",
-                                   str(tmp_path / "empty.toml")), cwd=tmp_path, capture_output=True, text=True,
-                         timeout=120)
+    rep = subprocess.run(
+        soakd_cmd("report", "--state-dir", str(state), "--format", "json", "--config", str(tmp_path / "empty.toml")),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert rep.returncode == 0, rep.stderr
     assert len(json.loads(rep.stdout)["windows"]) >= 5

@@ -94,9 +94,14 @@ class DetectorParams:
         # the default window's ratio, and so does a leak in bytes/hour; the floor scales too
         # (else a fresh interpreter's first minute of allocations is a "leak").
         scale = DEFAULT_WINDOW / w if w < ACCELERATED_BELOW else 1.0
-        return replace(self, bin=bin_, trough_span=min(self.trough_span, w / 3.0),
-                       min_span=max(min(self.min_span, w / 3.0), 5 * bin_),
-                       persistence=min(self.persistence, w / 3.0), floor_scale=scale)
+        return replace(
+            self,
+            bin=bin_,
+            trough_span=min(self.trough_span, w / 3.0),
+            min_span=max(min(self.min_span, w / 3.0), 5 * bin_),
+            persistence=min(self.persistence, w / 3.0),
+            floor_scale=scale,
+        )
 
     @property
     def spans(self) -> list[int]:
@@ -235,8 +240,9 @@ class Grid:
                 self.trough_points = kk
         if not spans:
             reason = "warming up (growth is levelling off)" if w * p.bin > p.warmup + p.bin else "warming up"
-            return Judgement(False, math.nan, 1.0, reason, start, int(y.size), self.last,
-                             judged_seconds=(m - w) * p.bin)
+            return Judgement(
+                False, math.nan, 1.0, reason, start, int(y.size), self.last, judged_seconds=(m - w) * p.bin
+            )
         results = [self._span(y, noise, n, floor, full) for n in spans]
         flagged = [r for r in results if r.positive]
         best = min(flagged or results, key=lambda r: r.p_adj)
@@ -245,13 +251,26 @@ class Grid:
         detectable = min(r.detectable for r in results)
         judged = y.size * p.bin  # every trough point judged (the noise), the longest trend span within
         if flagged:
-            reason = (f"troughs rise {best.slope / MIB:.2f} MiB/h over the last {_dur(best.points * p.bin)} "
-                      f"(p={p_adj:.2g} over the run)")
+            reason = (
+                f"troughs rise {best.slope / MIB:.2f} MiB/h over the last {_dur(best.points * p.bin)} "
+                f"(p={p_adj:.2g} over the run)"
+            )
         else:
             why = next((r.why for r in results if r.why), "")
             reason = f"no leak above {detectable / MIB:.3g} MiB/h after {_dur(judged)}" + (f" ({why})" if why else "")
-        return Judgement(bool(flagged), shown.slope, p_adj, reason, now - judged, int(y.size), self.last,
-                         any(r.holds for r in results), detectable, judged, p_adj < min(1.0, 20 * p.alpha))
+        return Judgement(
+            bool(flagged),
+            shown.slope,
+            p_adj,
+            reason,
+            now - judged,
+            int(y.size),
+            self.last,
+            any(r.holds for r in results),
+            detectable,
+            judged,
+            p_adj < min(1.0, 20 * p.alpha),
+        )
 
     def _envelope(self, k: int, start: int) -> Array:
         """Trailing minimum over k bins from bin ``start`` on, over the whole grid (causal, so
@@ -318,8 +337,9 @@ def _dur(seconds: float) -> str:
     return f"{seconds:.3g} s"
 
 
-def judge(t: Array, v: Array, params: DetectorParams, floor: float, *, now: float | None = None,
-          since: float | None = None) -> Judgement:
+def judge(
+    t: Array, v: Array, params: DetectorParams, floor: float, *, now: float | None = None, since: float | None = None
+) -> Judgement:
     """Judge samples (t seconds, v bytes) at time ``now``; the run started at ``since``."""
     if t.size == 0:
         return Judgement(False, math.nan, 1.0, "no data")
@@ -367,8 +387,9 @@ class Replay:
     evaluations: int = 0
 
 
-def replay(t: Array, v: Array, params: DetectorParams, floor: float, *, step: float = 600.0,
-           stop_on_flag: bool = False) -> Replay:
+def replay(
+    t: Array, v: Array, params: DetectorParams, floor: float, *, step: float = 600.0, stop_on_flag: bool = False
+) -> Replay:
     """Judge a trace every ``step`` seconds (rounded to whole bins) from its start, up to its end
     (or, with ``stop_on_flag``, up to its first flag: what a power benchmark needs)."""
     if t.size == 0:

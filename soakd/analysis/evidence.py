@@ -32,9 +32,7 @@ log = logging.getLogger("soakd.leak")
 
 HOST_SERIES = frozenset({"host_rss", "host_uss", "malloc_in_use"})  # soakd's own host memory
 TARGET_HOST_SERIES = frozenset({"target_rss", "target_uss"})  # a watched server's: same limit, no probes here
-CUDA_SERIES = frozenset(
-    {"torch_cuda_allocated", "torch_cuda_reserved", "gpu_process_memory", "gpu_memory_used"}
-)
+CUDA_SERIES = frozenset({"torch_cuda_allocated", "torch_cuda_reserved", "gpu_process_memory", "gpu_memory_used"})
 TOP_SITES = 10
 
 
@@ -91,9 +89,16 @@ def _safe(name: str) -> str:
 class Evidence:
     """Collects evidence for a series whose verdict flips; the monitor drives it."""
 
-    def __init__(self, state_dir: Path | None, *, cuda_history: str = "auto", cuda: CudaHistory | None = None,
-                 malloc_trim: Callable[[], int] | bool | None = True, rss: Callable[[], float] = _rss,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        state_dir: Path | None,
+        *,
+        cuda_history: str = "auto",
+        cuda: CudaHistory | None = None,
+        malloc_trim: Callable[[], int] | bool | None = True,
+        rss: Callable[[], float] = _rss,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.state_dir = state_dir
         self.mode = cuda_history
         self.cuda = cuda
@@ -166,8 +171,7 @@ class Evidence:
         if self.mode == "auto" and not self._building - {series}:
             self.cuda.stop()  # dumped; the ring goes off until suspicion builds again
         self._building.discard(series)
-        log.warning("CUDA memory snapshot for %s written to %s (open in https://pytorch.org/memory_viz)",
-                    series, path)
+        log.warning("CUDA memory snapshot for %s written to %s (open in https://pytorch.org/memory_viz)", series, path)
         return {"snapshot": str(path), "allocation_history": traced}
 
     def _trim_probe(self, growth_bytes: float) -> dict[str, Any]:
@@ -185,6 +189,7 @@ class Evidence:
             return {}
         stats = tracemalloc.take_snapshot().compare_to(self._baseline, "lineno")
         growing = [s for s in stats if s.size_diff > 0][:TOP_SITES]
-        sites = [{"site": str(s.traceback), "size_diff_bytes": s.size_diff, "count_diff": s.count_diff}
-                 for s in growing]
+        sites = [
+            {"site": str(s.traceback), "size_diff_bytes": s.size_diff, "count_diff": s.count_diff} for s in growing
+        ]
         return {"top_growing_sites": sites}

@@ -40,8 +40,7 @@ def host_available() -> float:
     return float(psutil.virtual_memory().available)
 
 
-def default_limits(cuda_device: int | None = None,
-                   cuda_free: Callable[[], float] | None = None) -> Limits:
+def default_limits(cuda_device: int | None = None, cuda_free: Callable[[], float] | None = None) -> Limits:
     """Host series: host available memory (psutil). CUDA series: free device memory
     (``torch.cuda.mem_get_info``: the device total minus what every process holds)."""
     if cuda_free is None and cuda_device is not None:
@@ -79,20 +78,35 @@ class Verdict:
     def of(cls, series: str, suspected: bool, j: Judgement, eta: float) -> Verdict:
         judged = j.judged and math.isfinite(j.detectable_bytes_per_hour)
         state = "leak" if suspected else "ok" if judged else "not_judged"
-        return cls(series, state, suspected, j.slope_bytes_per_hour, j.p_value if j.judged else 1.0, eta,
-                   j.detectable_bytes_per_hour if judged else math.nan, j.judged_seconds, j.reason, j)
+        return cls(
+            series,
+            state,
+            suspected,
+            j.slope_bytes_per_hour,
+            j.p_value if j.judged else 1.0,
+            eta,
+            j.detectable_bytes_per_hour if judged else math.nan,
+            j.judged_seconds,
+            j.reason,
+            j,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (non-finite numbers as None, except an infinite ETA as None too)."""
+
         def num(x: float, digits: int | None = None) -> float | None:
             return None if not math.isfinite(x) else (round(x, digits) if digits is not None else float(x))
 
-        return {"state": self.state, "suspected": self.suspected,
-                "slope_bytes_per_hour": num(self.slope_bytes_per_hour, 1),
-                "p_value": num(self.p_value) if self.state != "not_judged" else None,
-                "exhaustion_eta_seconds": num(self.eta_seconds, 0),
-                "detectable_slope_bytes_per_hour": num(self.detectable_slope_bytes_per_hour, 1),
-                "judged_seconds": round(self.judged_seconds, 1), "reason": self.reason}
+        return {
+            "state": self.state,
+            "suspected": self.suspected,
+            "slope_bytes_per_hour": num(self.slope_bytes_per_hour, 1),
+            "p_value": num(self.p_value) if self.state != "not_judged" else None,
+            "exhaustion_eta_seconds": num(self.eta_seconds, 0),
+            "detectable_slope_bytes_per_hour": num(self.detectable_slope_bytes_per_hour, 1),
+            "judged_seconds": round(self.judged_seconds, 1),
+            "reason": self.reason,
+        }
 
 
 class LeakMonitor:
@@ -100,10 +114,19 @@ class LeakMonitor:
 
     name = "leak"
 
-    def __init__(self, store: SeriesStore, metrics: Metrics | None, cfg: LeakConfig,
-                 limits: Limits | None = None, on_event: OnEvent | None = None, *,
-                 evidence: Evidence | None = None, since: float | None = None,
-                 clock: Callable[[], float] = time.time, series: Sequence[str] = LEAK_SERIES) -> None:
+    def __init__(
+        self,
+        store: SeriesStore,
+        metrics: Metrics | None,
+        cfg: LeakConfig,
+        limits: Limits | None = None,
+        on_event: OnEvent | None = None,
+        *,
+        evidence: Evidence | None = None,
+        since: float | None = None,
+        clock: Callable[[], float] = time.time,
+        series: Sequence[str] = LEAK_SERIES,
+    ) -> None:
         self.store = store
         self.metrics = metrics
         self.cfg = cfg
@@ -191,7 +214,8 @@ class LeakMonitor:
             "p_value": j.p_value,
             "exhaustion_eta_seconds": None if not math.isfinite(v.eta_seconds) else round(v.eta_seconds),
             "judged_from": j.start,
-            "detectable_slope_bytes_per_hour": None if not math.isfinite(v.detectable_slope_bytes_per_hour)
+            "detectable_slope_bytes_per_hour": None
+            if not math.isfinite(v.detectable_slope_bytes_per_hour)
             else round(v.detectable_slope_bytes_per_hour, 1),
             "reason": j.reason,
         }
@@ -200,8 +224,12 @@ class LeakMonitor:
             if self.evidence is not None:
                 growth = max(0.0, j.slope_bytes_per_hour) * max(0.0, now - j.start) / 3600.0
                 detail.update(self.evidence.collect(v.series, growth))
-            log.warning("leak suspected in %s: %s; exhaustion in %s", v.series, j.reason,
-                        "never" if not math.isfinite(v.eta_seconds) else f"{v.eta_seconds / 3600:.1f} h")
+            log.warning(
+                "leak suspected in %s: %s; exhaustion in %s",
+                v.series,
+                j.reason,
+                "never" if not math.isfinite(v.eta_seconds) else f"{v.eta_seconds / 3600:.1f} h",
+            )
         else:
             kind = "leak_cleared"
             log.info("leak verdict cleared for %s: %s", v.series, j.reason)
@@ -212,14 +240,16 @@ class LeakMonitor:
                 log.exception("leak event callback failed")
 
 
-def monitor_for_run(cfg: Any, metrics: Metrics, store: SeriesStore, cuda_device: int | None,
-                    on_event: OnEvent | None = None) -> LeakMonitor:
+def monitor_for_run(
+    cfg: Any, metrics: Metrics, store: SeriesStore, cuda_device: int | None, on_event: OnEvent | None = None
+) -> LeakMonitor:
     """The monitor ``soakd run`` uses: real limits, evidence into the state dir."""
 
     lk: LeakConfig = cfg.leak
     cuda = None
     if cuda_device is not None:  # leak.cuda_history decides when it records; "off" still snapshots
         cuda = CudaHistory(lk.cuda_history_max_entries, cuda_device)
-    evidence = Evidence(default_state_dir(cfg.state.dir), cuda_history=lk.cuda_history, cuda=cuda,
-                        malloc_trim=lk.malloc_trim_probe)
+    evidence = Evidence(
+        default_state_dir(cfg.state.dir), cuda_history=lk.cuda_history, cuda=cuda, malloc_trim=lk.malloc_trim_probe
+    )
     return LeakMonitor(store, metrics, lk, default_limits(cuda_device), on_event, evidence=evidence)

@@ -64,8 +64,9 @@ def read_trace(path: Path) -> TraceData:
             continue
         cells = line.split(",")
         if len(cells) != 2:
-            raise TraceError(f"{path}:{lineno}: expected 2 columns ({','.join(HEADER)}), "
-                             f"got {len(cells)}: {line[:80]!r}")
+            raise TraceError(
+                f"{path}:{lineno}: expected 2 columns ({','.join(HEADER)}), got {len(cells)}: {line[:80]!r}"
+            )
         try:
             ts, val = float(cells[0]), float(cells[1])
         except ValueError:
@@ -86,9 +87,7 @@ def _num(x: float | None, digits: int | None = None) -> float | None:
     return round(x, digits) if digits is not None else float(x)
 
 
-def judge_trace(
-    trace: TraceData, params: DetectorParams, table: dict[str, float], step: float
-) -> dict[str, Any]:
+def judge_trace(trace: TraceData, params: DetectorParams, table: dict[str, float], step: float) -> dict[str, Any]:
     """The verdict for one trace as a JSON-ready dict."""
     series = trace.path.stem if trace.path.stem in LEAK_SERIES else "default"
     r: Replay = replay(trace.t, trace.v, params, floor_for(series, table, params.floor_scale), step=step)
@@ -134,8 +133,10 @@ def _table_row(r: dict[str, Any], width: int) -> str:
     p = r["p_value"]
     first = r["first_suspected_seconds"]
     verdict = {"leak": "LEAK", "ok": "ok", "not_judged": "not judged"}[r["state"]]
-    return (f"{r['file']:<{width}}  {verdict:<11}{slope_s:>12}{('-' if p is None else f'{p:.2g}'):>10}"
-            f"{('-' if first is None else f'{first / 3600:.2f} h'):>12}  {r['reason']}")
+    return (
+        f"{r['file']:<{width}}  {verdict:<11}{slope_s:>12}{('-' if p is None else f'{p:.2g}'):>10}"
+        f"{('-' if first is None else f'{first / 3600:.2f} h'):>12}  {r['reason']}"
+    )
 
 
 def analyze_command(ns: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:

@@ -59,9 +59,7 @@ def troughs(t: Array, v: Array, bin_seconds: float, *, end: float | None = None)
     return centres.astype(np.float64), mins[order]
 
 
-def lower_envelope(
-    t: Array, v: Array, span: float, step: float, *, end: float | None = None
-) -> tuple[Array, Array]:
+def lower_envelope(t: Array, v: Array, span: float, step: float, *, end: float | None = None) -> tuple[Array, Array]:
     """Trailing minimum over ``span`` seconds, every ``step`` seconds: the troughs under a
     sawtooth of period up to ``span``, at a finer time step than bins of ``span`` would give.
     Neighbouring points overlap, which the autocorrelation-corrected test allows for."""

@@ -31,4 +31,3 @@ def gaps(rate: float, arrival: str, burstiness: float = 1.0, seed: int = 0, chun
         else:
             raise ValueError(f"load.arrival: unknown arrival process {arrival!r}")
         yield from block.tolist()
-

@@ -53,8 +53,15 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 class Engine:
-    def __init__(self, target: AnyTarget, source: RequestSource, cfg: Config, metrics: Metrics, *,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        target: AnyTarget,
+        source: RequestSource,
+        cfg: Config,
+        metrics: Metrics,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.target = target
         self.source = source
         self.cfg = cfg
@@ -100,8 +107,12 @@ class Engine:
         if self.source.preprocess is not None:
             self._hist["preprocess"] = self.metrics.request_duration.labels("preprocess")
             self.preprocess_pool = PreprocessPool(
-                inp.preprocess_workers, self.source.preprocess, self._inlet,
-                self._hist["preprocess"], self.metrics.preprocess_busy, self.clock,
+                inp.preprocess_workers,
+                self.source.preprocess,
+                self._inlet,
+                self._hist["preprocess"],
+                self.metrics.preprocess_busy,
+                self.clock,
                 bad_log=self.source.bad_log,  # the source's: named once per run
             )
             self._inlet = self.preprocess_pool
@@ -111,8 +122,11 @@ class Engine:
         if post != "none":
             self._hist["postprocess"] = self.metrics.request_duration.labels("postprocess")
             self.postprocess = PostprocessThread(
-                postprocessor(post), self._complete, self._hist["postprocess"],
-                on_error=self._log_error_once, clock=self.clock,
+                postprocessor(post),
+                self._complete,
+                self._hist["postprocess"],
+                on_error=self._log_error_once,
+                clock=self.clock,
             )
 
     def _see_shape(self, x: torch.Tensor) -> None:

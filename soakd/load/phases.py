@@ -44,8 +44,15 @@ def load_at(target: float, start_fraction: float, fraction: float, closed_loop: 
 class PhaseScheduler:
     """Drives the ramp and the probes on its own BackgroundScheduler (one thread, daemon)."""
 
-    def __init__(self, cfg: Config, engine: LoadControl, set_phase: Callable[[str], None], *,
-                 elapsed_before: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        engine: LoadControl,
+        set_phase: Callable[[str], None],
+        *,
+        elapsed_before: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.cfg = cfg
         self.engine = engine
         self.set_phase = set_phase
@@ -78,8 +85,14 @@ class PhaseScheduler:
     def initial_load(self) -> float:
         """Set the engine's starting load (call before ``engine.start()``)."""
         if self.ramping:
-            self._apply(load_at(self.target, self.cfg.phases.ramp_from,
-                                ramp_fraction(self.elapsed_before, self.ramp), self.closed_loop))
+            self._apply(
+                load_at(
+                    self.target,
+                    self.cfg.phases.ramp_from,
+                    ramp_fraction(self.elapsed_before, self.ramp),
+                    self.closed_loop,
+                )
+            )
         return self.current_load
 
     def start(self) -> None:
@@ -87,14 +100,16 @@ class PhaseScheduler:
         if self.ramping:
             self._enter("ramp")
             step = max(0.2, min(1.0, self.ramp / 50))
-            self._scheduler.add_job(self._ramp_tick, "interval", seconds=step, id="ramp", max_instances=1,
-                                    coalesce=True)
+            self._scheduler.add_job(
+                self._ramp_tick, "interval", seconds=step, id="ramp", max_instances=1, coalesce=True
+            )
         else:
             self._enter("steady")
         if self.cfg.phases.probe_schedule:
             cron = CronTrigger.from_crontab(self.cfg.phases.probe_schedule, timezone=timezone.utc)
-            self._scheduler.add_job(self._probe_begin, cron, id="probe", max_instances=1, coalesce=True,
-                                    misfire_grace_time=30)
+            self._scheduler.add_job(
+                self._probe_begin, cron, id="probe", max_instances=1, coalesce=True, misfire_grace_time=30
+            )
         self._scheduler.start()
 
     def stop(self) -> None:
@@ -130,8 +145,7 @@ class PhaseScheduler:
     def _probe_begin(self) -> None:
         if self.probe_now():
             end = datetime.now(timezone.utc) + timedelta(seconds=self.cfg.phases.probe_duration)
-            self._scheduler.add_job(self.probe_end, "date", run_date=end, id="probe-end",
-                                    replace_existing=True)
+            self._scheduler.add_job(self.probe_end, "date", run_date=end, id="probe-end", replace_existing=True)
 
     def probe_end(self) -> None:
         with self._lock:

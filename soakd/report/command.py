@@ -84,8 +84,11 @@ def compare_command(ns: argparse.Namespace, out: TextIO = sys.stdout) -> int:
             print(f"soakd: error: {path}: {exc}", file=sys.stderr)
             return Exit.USAGE
     if is_fleet(docs[0]) != is_fleet(docs[1]):
-        print(f"soakd: error: {ns.a if is_fleet(docs[0]) else ns.b} is a fleet report and the other is not: "
-              "compare a fleet with a fleet", file=sys.stderr)
+        print(
+            f"soakd: error: {ns.a if is_fleet(docs[0]) else ns.b} is a fleet report and the other is not: "
+            "compare a fleet with a fleet",
+            file=sys.stderr,
+        )
         return Exit.USAGE
     if is_fleet(docs[0]):
         return compare_fleets(docs[0], docs[1], cfg, ns.a, ns.b, out)

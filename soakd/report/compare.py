@@ -31,8 +31,16 @@ __all__ = ["Comparison", "Row", "block_bootstrap_ci", "comparison_table", "load_
 
 MIN_WINDOWS = 3  # fewer per side: the counts behind the summary give the noise estimate
 # Fingerprint keys a result is bound to: a difference means the runs are not like for like.
-FINGERPRINT_KEYS = ("model", "model_sha256", "input", "device_name", "torch_version", "cuda_version",
-                    "cudnn_version", "driver_version")
+FINGERPRINT_KEYS = (
+    "model",
+    "model_sha256",
+    "input",
+    "device_name",
+    "torch_version",
+    "cuda_version",
+    "cudnn_version",
+    "driver_version",
+)
 CONFIG_IGNORED = ("output", "state", "metrics", "otel")  # where a run writes, not what it measures
 STAGE_ORDER = ("e2e", "queue", "inference", "preprocess", "postprocess")
 
@@ -87,8 +95,14 @@ class Comparison:
 
     # ------------------------------------------------------------ noise
 
-    def _beyond_noise(self, key: str, stage: str | None, unit: str, worse_if_higher: bool,
-                      counts: tuple[Interval | None, Interval | None]) -> tuple[bool | None, str]:
+    def _beyond_noise(
+        self,
+        key: str,
+        stage: str | None,
+        unit: str,
+        worse_if_higher: bool,
+        counts: tuple[Interval | None, Interval | None],
+    ) -> tuple[bool | None, str]:
         """Whether B differs from A on the bad side beyond noise (None: no estimate), and how
         that was estimated. ``counts``: each side's interval from its own counts, the fallback."""
         xa, xb = _windows(self.a, key, stage), _windows(self.b, key, stage)
@@ -103,15 +117,24 @@ class Comparison:
         text = f"{self.cfg.confidence:.0%} CI of diff [{_signed(lo, unit)}, {_signed(hi, unit)}] {unit}, {source}"
         return (lo > 0 if worse_if_higher else hi < 0), text
 
-    def _judge(self, row: Row, past_threshold: bool, key: str, stage: str | None, worse_if_higher: bool,
-               counts: tuple[Interval | None, Interval | None]) -> None:
+    def _judge(
+        self,
+        row: Row,
+        past_threshold: bool,
+        key: str,
+        stage: str | None,
+        worse_if_higher: bool,
+        counts: tuple[Interval | None, Interval | None],
+    ) -> None:
         beyond, row.interval = self._beyond_noise(key, stage, row.unit, worse_if_higher, counts)
         if not past_threshold:
             return
         if beyond is None:
             row.cannot_tell = True
-            row.note = (f"past threshold, but no noise estimate: fewer than {MIN_WINDOWS} windows a side "
-                        "and no counts to estimate it from")
+            row.note = (
+                f"past threshold, but no noise estimate: fewer than {MIN_WINDOWS} windows a side "
+                "and no counts to estimate it from"
+            )
         elif beyond:
             row.regression, row.note = True, "past threshold and beyond noise"
         else:
@@ -143,8 +166,10 @@ class Comparison:
                     row.change = units.change(a, b, row.unit)
                     if q == "p99":  # the gated percentile; the others are context
                         past = a > 0 and (b - a) / a > self.cfg.max_p99_increase
-                        counts = (quantile_interval(la.get(stage, {}), q, self.cfg.confidence, _batch(self.a)),
-                                  quantile_interval(lb.get(stage, {}), q, self.cfg.confidence, _batch(self.b)))
+                        counts = (
+                            quantile_interval(la.get(stage, {}), q, self.cfg.confidence, _batch(self.a)),
+                            quantile_interval(lb.get(stage, {}), q, self.cfg.confidence, _batch(self.b)),
+                        )
                         self._judge(row, past, "p99", stage, worse_if_higher=True, counts=counts)
                 self.rows.append(row)
 
@@ -193,12 +218,15 @@ class Comparison:
             if fa.get(key) != fb.get(key):
                 self.warnings.append(f"fingerprints differ in {key}: {fa.get(key)!r} vs {fb.get(key)!r}")
         ca, cb = _flatten(fa.get("config") or {}), _flatten(fb.get("config") or {})
-        changed = sorted(k for k in set(ca) | set(cb)
-                         if ca.get(k) != cb.get(k) and k.split(".", 1)[0] not in CONFIG_IGNORED)
+        changed = sorted(
+            k for k in set(ca) | set(cb) if ca.get(k) != cb.get(k) and k.split(".", 1)[0] not in CONFIG_IGNORED
+        )
         if changed:
-            self.warnings.append("config differs in: " + ", ".join(
-                f"{k} ({ca.get(k)!r} -> {cb.get(k)!r})" for k in changed[:12])
-                + (f" and {len(changed) - 12} more" if len(changed) > 12 else ""))
+            self.warnings.append(
+                "config differs in: "
+                + ", ".join(f"{k} ({ca.get(k)!r} -> {cb.get(k)!r})" for k in changed[:12])
+                + (f" and {len(changed) - 12} more" if len(changed) > 12 else "")
+            )
 
     def run(self) -> Comparison:
         self.fingerprints()
@@ -236,13 +264,13 @@ _RIGHT = frozenset({"A", "B", "change"})  # numbers align on the right
 def comparison_table(cmp: Comparison) -> list[str]:
     """The rows as fixed-width columns sized to their widest cell, two spaces apart, so no two
     figures run together however long they are; the verdict's reasons follow the last column."""
-    cells = [[r.metric, r.unit, units.fmt(r.a, r.unit), units.fmt(r.b, r.unit), r.change, r.verdict]
-             for r in cmp.rows]
+    cells = [[r.metric, r.unit, units.fmt(r.a, r.unit), units.fmt(r.b, r.unit), r.change, r.verdict] for r in cmp.rows]
     widths = [max([len(h), *(len(c[i]) for c in cells)]) for i, h in enumerate(COLUMNS)]
 
     def line(row: list[str] | tuple[str, ...]) -> str:
-        return "  ".join(c.rjust(w) if h in _RIGHT else c.ljust(w)
-                         for h, c, w in zip(COLUMNS, row, widths, strict=True))
+        return "  ".join(
+            c.rjust(w) if h in _RIGHT else c.ljust(w) for h, c, w in zip(COLUMNS, row, widths, strict=True)
+        )
 
     out = [line(COLUMNS).rstrip()]
     for r, c in zip(cmp.rows, cells, strict=True):
@@ -261,8 +289,11 @@ def print_comparison(cmp: Comparison, a_name: str, b_name: str, out: TextIO) -> 
     if regs:
         print(f"regression: {', '.join(regs)}", file=out)
     elif undecided:
-        print(f"no regression found; cannot tell for {', '.join(undecided)} (no noise estimate: runs with "
-              f"{MIN_WINDOWS}+ windows, or summaries with request counts, can tell)", file=out)
+        print(
+            f"no regression found; cannot tell for {', '.join(undecided)} (no noise estimate: runs with "
+            f"{MIN_WINDOWS}+ windows, or summaries with request counts, can tell)",
+            file=out,
+        )
     else:
         print("no regression", file=out)
 
@@ -274,4 +305,3 @@ def load_result(path: str) -> dict[str, Any]:
     if not isinstance(doc, dict) or "latency_ms" not in doc:
         raise ValueError("not a soakd summary or report (no latency_ms)")
     return doc
-

@@ -26,8 +26,7 @@ def _iso(t: float | None) -> str | None:
 
 def run_report(state: RunState) -> dict[str, Any]:
     """The whole run, across its segments."""
-    per_seg = {s[0]: {**dict.fromkeys(OUTCOMES, 0), **state.segment_outcomes.get(s[0], {})}
-               for s in state.segments}
+    per_seg = {s[0]: {**dict.fromkeys(OUTCOMES, 0), **state.segment_outcomes.get(s[0], {})} for s in state.segments}
     merged: dict[str, HistSnapshot] = {}
     for _, _, _, hs in state.windows:
         for stage, h in hs.items():
@@ -41,19 +40,27 @@ def run_report(state: RunState) -> dict[str, Any]:
     for sid, pid, started, last_seen, ended, reason in state.segments:
         dur = max(0.0, (ended or last_seen) - started)
         active += dur
-        segments.append({
-            "id": sid, "pid": pid, "started_at": _iso(started), "ended_at": _iso(ended),
-            "last_seen": _iso(last_seen), "duration_seconds": round(dur, 3),
-            # No end recorded: the process died (kill -9, OOM killer, power) or is still running.
-            "end": reason if ended is not None else "unclean (killed, crashed or still running)",
-            "requests": per_seg.get(sid, {}),
-        })
+        segments.append(
+            {
+                "id": sid,
+                "pid": pid,
+                "started_at": _iso(started),
+                "ended_at": _iso(ended),
+                "last_seen": _iso(last_seen),
+                "duration_seconds": round(dur, 3),
+                # No end recorded: the process died (kill -9, OOM killer, power) or is still running.
+                "end": reason if ended is not None else "unclean (killed, crashed or still running)",
+                "requests": per_seg.get(sid, {}),
+            }
+        )
     order = [s for s in STAGES if s in merged] + sorted(s for s in merged if s not in STAGES)
     latency = {s: stage_summary(merged[s]) for s in order}
     if "e2e" not in latency:
         latency["e2e"] = stage_summary(HistSnapshot.empty())
-    memory = {name: {"first": first, "last": last, "min": lo, "max": hi, "samples": n}
-              for name, (first, last, lo, hi, n) in state.series_stats.items()}
+    memory = {
+        name: {"first": first, "last": last, "min": lo, "max": hi, "samples": n}
+        for name, (first, last, lo, hi, n) in state.series_stats.items()
+    }
     segs = state.segments
     return {
         "run_id": state.run_id,
@@ -68,8 +75,9 @@ def run_report(state: RunState) -> dict[str, Any]:
         "restarts": max(0, len(segments) - 1),
         "unclean_exits": sum(1 for s in segs if s[4] is None and s is not segs[-1]),
         "memory": memory,
-        "events": [{"t": _iso(t), "segment": seg, "kind": kind, "detail": detail}
-                   for t, seg, kind, detail in state.events],
+        "events": [
+            {"t": _iso(t), "segment": seg, "kind": kind, "detail": detail} for t, seg, kind, detail in state.events
+        ],
         "run": state.fingerprint,
     }
 
@@ -84,10 +92,18 @@ def load_timeline(state_dir: str | Path, run_id: str | None = None) -> list[dict
     """Per stored window, oldest first: time, segment, throughput, outcomes and e2e percentiles."""
     with StateReader(state_dir) as reader:
         rows = reader.timeline(run_id)
-    return [{"t_start": t0, "t_end": t1, "segment": seg, "resolution_seconds": res,
-             "throughput_rps": counts.get("ok", 0) / max(1e-9, t1 - t0), "requests": counts,
-             "e2e_ms": stage_summary(hs.get("e2e", HistSnapshot.empty()))}
-            for seg, t0, t1, res, counts, hs in rows]
+    return [
+        {
+            "t_start": t0,
+            "t_end": t1,
+            "segment": seg,
+            "resolution_seconds": res,
+            "throughput_rps": counts.get("ok", 0) / max(1e-9, t1 - t0),
+            "requests": counts,
+            "e2e_ms": stage_summary(hs.get("e2e", HistSnapshot.empty())),
+        }
+        for seg, t0, t1, res, counts, hs in rows
+    ]
 
 
 def load_series(state_dir: str | Path, run_id: str | None, series: str) -> list[tuple[float, ...]]:

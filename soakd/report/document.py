@@ -28,8 +28,15 @@ from soakd.telemetry.histogram import HistSnapshot
 SUMMARY_NAME = "summary.json"  # <state-dir>/<run-id>/summary.json: the last segment's summary
 REPORT_NAME = "report.html"
 # Summary keys the state database does not hold; taken from the saved summary when there is one.
-FROM_SUMMARY = ("batch_size", "input_shapes_seen", "cold_start", "schedule_lag_ms", "offered_rps", "target",
-                "model_offline")
+FROM_SUMMARY = (
+    "batch_size",
+    "input_shapes_seen",
+    "cold_start",
+    "schedule_lag_ms",
+    "offered_rps",
+    "target",
+    "model_offline",
+)
 
 Array = npt.NDArray[np.float64]
 
@@ -52,8 +59,9 @@ def _section(cls: type[Any], data: dict[str, Any] | None) -> Any:
     return cls(**{k: v for k, v in (data or {}).items() if k in names})
 
 
-def build_report(state: RunState, *, slo: SloConfig | None = None, summary: dict[str, Any] | None = None,
-                 judged: bool = False) -> ReportDoc:
+def build_report(
+    state: RunState, *, slo: SloConfig | None = None, summary: dict[str, Any] | None = None, judged: bool = False
+) -> ReportDoc:
     """The run's report from its state. ``slo``: checks to apply (default: the run's own
     ``[slo]``); ``summary``: the run's summary when there is one (the end of ``soakd run`` passes
     its own, ``soakd report`` the saved one) for what the database does not hold and the live
@@ -80,12 +88,20 @@ def build_report(state: RunState, *, slo: SloConfig | None = None, summary: dict
         samples[name] = (arr[:, 0], arr[:, 1])
     # The live monitor's verdict (saved in the summary) outranks one judgement over the samples.
     saved: dict[str, dict[str, Any]] = (summary or {}).get("memory") or {}
-    live = {s: {"state": m.get("leak_state"), "suspected": m.get("leak_suspected"),
-                "slope_bytes_per_hour": m.get("slope_bytes_per_hour"), "p_value": m.get("p_value"),
-                "detectable_slope_bytes_per_hour": m.get("detectable_slope_bytes_per_hour"),
-                "judged_seconds": m.get("judged_seconds"), "exhaustion_eta_seconds": m.get("exhaustion_eta_seconds"),
-                "reason": str(m.get("verdict", "")).split(": ", 1)[-1]}
-            for s, m in saved.items() if m.get("verdict_source") == "leak monitor"}
+    live = {
+        s: {
+            "state": m.get("leak_state"),
+            "suspected": m.get("leak_suspected"),
+            "slope_bytes_per_hour": m.get("slope_bytes_per_hour"),
+            "p_value": m.get("p_value"),
+            "detectable_slope_bytes_per_hour": m.get("detectable_slope_bytes_per_hour"),
+            "judged_seconds": m.get("judged_seconds"),
+            "exhaustion_eta_seconds": m.get("exhaustion_eta_seconds"),
+            "reason": str(m.get("verdict", "")).split(": ", 1)[-1],
+        }
+        for s, m in saved.items()
+        if m.get("verdict_source") == "leak monitor"
+    }
     memory = memory_block(samples, _section(LeakConfig, config.get("leak")), live)
     for name, info in memory.items():
         data.setdefault("memory", {}).setdefault(name, {}).update(info)

@@ -33,6 +33,7 @@ def esc(text: object) -> str:
 
 def table(header: Sequence[str] | None, rows: Sequence[Sequence[str]], numeric_from: int = 99) -> str:
     """A table; ``header`` None for a key-value table, whose first column is its own header."""
+
     def cell(i: int, c: str) -> str:
         if i >= numeric_from:
             return f'<td class="num">{esc(c)}</td>'
@@ -52,14 +53,20 @@ def _verdict(doc: ReportDoc) -> str:
     data = doc.data
     slo = data.get("slo") or {}
     cls = "none" if not slo.get("checks") else ("pass" if slo.get("passed") else "fail")
-    parts = [f'<section id="verdict" class="verdict {cls}"><h2 id="verdict-heading">'
-             f"{esc(sections.verdict_title(data))}</h2>"]
+    parts = [
+        f'<section id="verdict" class="verdict {cls}"><h2 id="verdict-heading">{esc(sections.verdict_title(data))}</h2>'
+    ]
     rows = sections.slo_rows(data)
     if rows:
-        body = "".join(f'<tr><td class="status-{esc(r[0])}">{esc(r[0])}</td><td>{esc(r[1])}</td>'
-                       f"<td>{esc(r[2])}</td><td>{esc(r[3])}</td></tr>" for r in rows)
-        parts.append("<table><thead><tr><th>result</th><th>check</th><th>observed</th><th>limit</th></tr></thead>"
-                     f"<tbody>{body}</tbody></table>")
+        body = "".join(
+            f'<tr><td class="status-{esc(r[0])}">{esc(r[0])}</td><td>{esc(r[1])}</td>'
+            f"<td>{esc(r[2])}</td><td>{esc(r[3])}</td></tr>"
+            for r in rows
+        )
+        parts.append(
+            "<table><thead><tr><th>result</th><th>check</th><th>observed</th><th>limit</th></tr></thead>"
+            f"<tbody>{body}</tbody></table>"
+        )
     parts.append(f"<p>{esc(sections.leak_line(data))}</p>")
     leaks = sections.leak_rows(data)
     if leaks:
@@ -74,9 +81,13 @@ def _load(doc: ReportDoc) -> str:
     out = ["<h2>Throughput and latency over time</h2>"]
     if rows:
         out.append(figure(plots.throughput_plot(rows), "Throughput per window (ok requests/s)"))
-        out.append(figure(plots.latency_over_time_plot(rows, sections.stages(data)),
-                          "Latency per stage per window: p99 solid, p50 dashed; e2e is the wide band, "
-                          "each stage has its own marker"))
+        out.append(
+            figure(
+                plots.latency_over_time_plot(rows, sections.stages(data)),
+                "Latency per stage per window: p99 solid, p50 dashed; e2e is the wide band, "
+                "each stage has its own marker",
+            )
+        )
     else:
         out.append("<p>No windows recorded.</p>")
     out.append("<h2>Latency percentiles (ms)</h2>")
@@ -94,8 +105,7 @@ def _batches(doc: ReportDoc) -> str:
     if buckets:
         out.append(figure(plots.batch_size_plot(buckets), "Batches per size"))
     rows = sections.batch_rows(data)
-    out.append(table(["batch size", "value"], rows, numeric_from=1) if rows
-               else "<p>No batch data stored.</p>")
+    out.append(table(["batch size", "value"], rows, numeric_from=1) if rows else "<p>No batch data stored.</p>")
     shapes = sections.shapes_line(data)
     if shapes:
         out.append(f'<p id="input-shapes">{esc(shapes)}</p>')
@@ -108,14 +118,30 @@ def _memory(doc: ReportDoc) -> str:
     rows = sections.memory_rows(data)
     if not rows:
         return out[0] + "<p>No memory samples recorded.</p>"
-    out.append(table(["series", "first MiB", "last MiB", "min MiB", "max MiB", "trend MiB/h",
-                      "leak slope MiB/h", "detectable MiB/h", "verdict"], rows, numeric_from=1))
+    out.append(
+        table(
+            [
+                "series",
+                "first MiB",
+                "last MiB",
+                "min MiB",
+                "max MiB",
+                "trend MiB/h",
+                "leak slope MiB/h",
+                "detectable MiB/h",
+                "verdict",
+            ],
+            rows,
+            numeric_from=1,
+        )
+    )
     t0 = doc.t0
     for name, (t, v) in doc.samples.items():
         if t.size:
             verdict = (data.get("memory") or {}).get(name, {}).get("verdict", "")
-            out.append(figure(plots.memory_plot(name, t, v, t0 if t0 is not None else float(t[0])),
-                              f"{name}: {verdict}"))
+            out.append(
+                figure(plots.memory_plot(name, t, v, t0 if t0 is not None else float(t[0])), f"{name}: {verdict}")
+            )
     return "".join(out)
 
 
@@ -132,13 +158,23 @@ def render_html(doc: ReportDoc) -> str:
         _memory(doc),
         "<h2>Events</h2>",
         table(["time", "segment", "kind", "detail"], sections.event_rows(data))
-        if data.get("events") else "<p>No events recorded.</p>",
+        if data.get("events")
+        else "<p>No events recorded.</p>",
     ]
     if data.get("segments"):
-        body += ["<h2>Segments</h2>", table(["id", "started", "ended", "seconds", "end", "requests"],
-                                            sections.segment_rows(data))]
-    body += ["<h2>Fingerprint</h2>", table(None, sections.fingerprint_rows(data)),
-             "<h3>Config</h3>", f"<pre>{esc(sections.config_text(data))}</pre>"]
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>soakd report: {esc(run_id)}</title><style>{CSS}</style></head><body>\n"
-            + "\n".join(body) + "\n</body></html>\n")
+        body += [
+            "<h2>Segments</h2>",
+            table(["id", "started", "ended", "seconds", "end", "requests"], sections.segment_rows(data)),
+        ]
+    body += [
+        "<h2>Fingerprint</h2>",
+        table(None, sections.fingerprint_rows(data)),
+        "<h3>Config</h3>",
+        f"<pre>{esc(sections.config_text(data))}</pre>",
+    ]
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>soakd report: {esc(run_id)}</title><style>{CSS}</style></head><body>\n"
+        + "\n".join(body)
+        + "\n</body></html>\n"
+    )

@@ -30,17 +30,31 @@ def render_markdown(doc: ReportDoc) -> str:
     leaks = sections.leak_rows(data)
     if leaks:
         out += [table(["memory series", "leak verdict", "from"], leaks), ""]
-    out += ["## Overview", "",
-            table(["figure", "value"], sections.overview_rows(data)), ""]
-    out += ["## Latency percentiles (ms)", "",
-            table(["stage", *sections.QUANTILE_COLUMNS], sections.latency_rows(data)), ""]
+    out += ["## Overview", "", table(["figure", "value"], sections.overview_rows(data)), ""]
+    out += [
+        "## Latency percentiles (ms)",
+        "",
+        table(["stage", *sections.QUANTILE_COLUMNS], sections.latency_rows(data)),
+        "",
+    ]
     windows = data.get("windows") or []
     if windows:
         stages = sections.stages(data)
-        rows = [[units.seconds(w["t"]), units.rps(w["throughput_rps"]), str(w["errors"]),
-                 *(units.ms(w["latency_ms"].get(s, {}).get("p99")) for s in stages)] for w in windows]
-        out += ["## Throughput and p99 per window", "",
-                table(["t (s)", "req/s", "errors", *(f"p99 {s} ms" for s in stages)], rows), ""]
+        rows = [
+            [
+                units.seconds(w["t"]),
+                units.rps(w["throughput_rps"]),
+                str(w["errors"]),
+                *(units.ms(w["latency_ms"].get(s, {}).get("p99")) for s in stages),
+            ]
+            for w in windows
+        ]
+        out += [
+            "## Throughput and p99 per window",
+            "",
+            table(["t (s)", "req/s", "errors", *(f"p99 {s} ms" for s in stages)], rows),
+            "",
+        ]
     buckets = (data.get("batch_size") or {}).get("buckets")
     out += ["## Batch sizes", ""]
     if buckets:
@@ -52,16 +66,42 @@ def render_markdown(doc: ReportDoc) -> str:
     if shapes:
         out += [cell(shapes), ""]
     memory = sections.memory_rows(data)
-    header = ["series", "first MiB", "last MiB", "min MiB", "max MiB", "trend MiB/h", "leak slope MiB/h",
-              "detectable MiB/h", "verdict"]
+    header = [
+        "series",
+        "first MiB",
+        "last MiB",
+        "min MiB",
+        "max MiB",
+        "trend MiB/h",
+        "leak slope MiB/h",
+        "detectable MiB/h",
+        "verdict",
+    ]
     out += ["## Memory", "", table(header, memory) if memory else "No memory samples recorded.", ""]
     events = sections.event_rows(data)
-    out += ["## Events", "",
-            table(["time", "segment", "kind", "detail"], events) if events else "No events recorded.", ""]
+    out += [
+        "## Events",
+        "",
+        table(["time", "segment", "kind", "detail"], events) if events else "No events recorded.",
+        "",
+    ]
     if data.get("segments"):
-        out += ["## Segments", "", table(["id", "started", "ended", "seconds", "end", "requests"],
-                                         sections.segment_rows(data)), ""]
-    out += ["## Fingerprint", "", table(["fingerprint", "value"], sections.fingerprint_rows(data)), "",
-            "### Config", "",
-            "```json", sections.config_text(data).replace("```", "'''"), "```", ""]
+        out += [
+            "## Segments",
+            "",
+            table(["id", "started", "ended", "seconds", "end", "requests"], sections.segment_rows(data)),
+            "",
+        ]
+    out += [
+        "## Fingerprint",
+        "",
+        table(["fingerprint", "value"], sections.fingerprint_rows(data)),
+        "",
+        "### Config",
+        "",
+        "```json",
+        sections.config_text(data).replace("```", "'''"),
+        "```",
+        "",
+    ]
     return "\n".join(out)

@@ -40,8 +40,13 @@ QUANTILE_KEYS = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}
 _HALF_BUCKET = math.sqrt(BUCKET_GROWTH)
 
 
-def block_bootstrap_ci(xa: npt.NDArray[np.float64], xb: npt.NDArray[np.float64], confidence: float,
-                       resamples: int, rng: np.random.Generator) -> tuple[float, float]:
+def block_bootstrap_ci(
+    xa: npt.NDArray[np.float64],
+    xb: npt.NDArray[np.float64],
+    confidence: float,
+    resamples: int,
+    rng: np.random.Generator,
+) -> tuple[float, float]:
     """Interval of mean(xb) - mean(xa), resampling circular blocks of about n^(1/3) windows."""
 
     def means(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -69,8 +74,9 @@ def _tail(rank: float | npt.NDArray[np.float64], n: int) -> Any:
     return -np.log(1 - (np.asarray(rank, dtype=np.float64) - 0.5) / n)
 
 
-def quantile_interval(stage: Mapping[str, Any], key: str, confidence: float,
-                      per_sample: float = 1.0) -> tuple[float, float] | None:
+def quantile_interval(
+    stage: Mapping[str, Any], key: str, confidence: float, per_sample: float = 1.0
+) -> tuple[float, float] | None:
     """Where the population percentile ``key`` (``p99``) lies, in the stage's unit (ms), from
     one stage of a summary's ``latency_ms``; None without a count or that percentile. The
     upper end is infinite when the run is too short to bound it (fewer requests than it takes
@@ -84,8 +90,11 @@ def quantile_interval(stage: Mapping[str, Any], key: str, confidence: float,
     if not isinstance(count, int) or isinstance(count, bool) or count < 1 or q is None or stage.get(key) is None:
         return None
     n = max(1, round(count / max(1.0, per_sample)))
-    known = {max(1, math.ceil(qq * n)): float(stage[k]) for k, qq in QUANTILE_KEYS.items()
-             if stage.get(k) is not None and stage[k] > 0}
+    known = {
+        max(1, math.ceil(qq * n)): float(stage[k])
+        for k, qq in QUANTILE_KEYS.items()
+        if stage.get(k) is not None and stage[k] > 0
+    }
     has_max = stage.get("max") is not None and stage["max"] > 0
     if has_max:
         known[n] = float(stage["max"])  # exact, and the value at rank n

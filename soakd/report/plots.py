@@ -29,12 +29,24 @@ from soakd.telemetry.histogram import HistSnapshot
 
 MAX_POINTS = 2000  # per plotted line; beyond this a plot is slower to draw and no clearer
 STYLE: Any = {  # Any: matplotlib types rc keys as a Literal union
-    "svg.fonttype": "none", "svg.hashsalt": "soakd", "font.family": "sans-serif", "font.size": 9,
-    "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False}
+    "svg.fonttype": "none",
+    "svg.hashsalt": "soakd",
+    "font.family": "sans-serif",
+    "font.size": 9,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+}
 _PROLOG = re.compile(r"^.*?(?=<svg)", re.DOTALL)
 _METADATA = re.compile(r"<metadata>.*?</metadata>\s*", re.DOTALL)
-STAGE_COLOURS = {"e2e": "#1f77b4", "queue": "#ff7f0e", "inference": "#2ca02c", "preprocess": "#9467bd",
-                 "postprocess": "#8c564b"}
+STAGE_COLOURS = {
+    "e2e": "#1f77b4",
+    "queue": "#ff7f0e",
+    "inference": "#2ca02c",
+    "preprocess": "#9467bd",
+    "postprocess": "#8c564b",
+}
 # Lines that may coincide (e2e is inference plus a small queue) must still be told apart:
 # e2e is a wide translucent band drawn first with hollow rings larger than the other stages'
 # markers, so it shows around a line drawn on top of it; each stage has its own marker.
@@ -87,12 +99,21 @@ def throughput_plot(rows: Sequence[dict[str, Any]]) -> str:
     with plt.rc_context(STYLE):
         fig, ax = _figure(2.4)
         x = _minutes(rows)
-        ax.plot(x, series(list(rows), "throughput_rps"), marker="o", ms=3, markevery=_markevery(len(rows)),
-                lw=1.2, color="#1f77b4", label="ok requests/s")
+        ax.plot(
+            x,
+            series(list(rows), "throughput_rps"),
+            marker="o",
+            ms=3,
+            markevery=_markevery(len(rows)),
+            lw=1.2,
+            color="#1f77b4",
+            label="ok requests/s",
+        )
         errs = np.asarray([r["errors"] / r["seconds"] if r["seconds"] else 0.0 for r in rows])
         if errs.any():
-            ax.plot(x, errs, color="#d62728", lw=1.0, marker="x", ms=3, markevery=_markevery(len(rows)),
-                    label="errors/s")
+            ax.plot(
+                x, errs, color="#d62728", lw=1.0, marker="x", ms=3, markevery=_markevery(len(rows)), label="errors/s"
+            )
         _legend_outside(ax)
         ax.set_xlabel("minutes since start")
         ax.set_ylabel("requests/s (ok)")
@@ -109,8 +130,14 @@ def latency_over_time_plot(rows: Sequence[dict[str, Any]], stages: Sequence[str]
             colour = STAGE_COLOURS.get(stage)
             style = {**STAGE_STYLE.get(stage, _OTHER_STYLE), "markevery": every}
             ax.plot(x, series(list(rows), "p99", stage), color=colour, label=f"{stage} p99", **style)
-            ax.plot(x, series(list(rows), "p50", stage), color=colour, ls="--", label=f"{stage} p50",
-                    **{**style, "lw": style["lw"] * 0.7, "marker": None})
+            ax.plot(
+                x,
+                series(list(rows), "p50", stage),
+                color=colour,
+                ls="--",
+                label=f"{stage} p50",
+                **{**style, "lw": style["lw"] * 0.7, "marker": None},
+            )
         ax.set_yscale("log")
         ax.set_xlabel("minutes since start")
         ax.set_ylabel("latency (ms)")
@@ -159,8 +186,14 @@ def memory_plot(name: str, t: npt.NDArray[np.float64], v: npt.NDArray[np.float64
         if line is not None and t.size:
             slope, intercept = line
             ends = np.asarray([t[0], t[-1]])
-            ax.plot((ends - t0) / 60.0, (slope * ends + intercept) / mib, color="#d62728", lw=1.2, ls="--",
-                    label=f"trend {units.with_unit(slope * 3600.0, 'MiB/h')}")
+            ax.plot(
+                (ends - t0) / 60.0,
+                (slope * ends + intercept) / mib,
+                color="#d62728",
+                lw=1.2,
+                ls="--",
+                label=f"trend {units.with_unit(slope * 3600.0, 'MiB/h')}",
+            )
         ax.set_xlabel("minutes since start")
         ax.set_ylabel("MiB")
         if not math.isclose(float(np.nanmax(ys)), float(np.nanmin(ys))):

@@ -13,12 +13,25 @@ from soakd.report.slo import format_limit, format_observed
 STAGE_ORDER = ("e2e", "queue", "inference", "preprocess", "postprocess")
 QUANTILE_COLUMNS = ("p50", "p90", "p99", "p999", "max", "mean", "count")
 FINGERPRINT_ROWS = (
-    ("run id", "run_id"), ("started", "started_at"), ("model", "model"), ("model sha256", "model_sha256"),
+    ("run id", "run_id"),
+    ("started", "started_at"),
+    ("model", "model"),
+    ("model sha256", "model_sha256"),
     ("sha256 of", "model_identity"),
-    ("input", "input"), ("device", "device"), ("device name", "device_name"), ("CPU", "cpu_model"),
-    ("host", "host"), ("soakd", "soakd_version"), ("torch", "torch_version"), ("CUDA", "cuda_version"),
-    ("cuDNN", "cudnn_version"), ("NVIDIA driver", "driver_version"), ("Python", "python_version"),
+    ("input", "input"),
+    ("device", "device"),
+    ("device name", "device_name"),
+    ("CPU", "cpu_model"),
+    ("host", "host"),
+    ("soakd", "soakd_version"),
+    ("torch", "torch_version"),
+    ("CUDA", "cuda_version"),
+    ("cuDNN", "cudnn_version"),
+    ("NVIDIA driver", "driver_version"),
+    ("Python", "python_version"),
 )
+
+
 def _num(v: Any, digits: int = 2) -> str:
     if v is None:
         return "-"
@@ -51,13 +64,16 @@ def leak_line(data: dict[str, Any]) -> str:
 
 def leak_rows(data: dict[str, Any]) -> list[list[str]]:
     """Per memory series: its leak verdict (and who gave it)."""
-    return [[name, str(m.get("verdict", "-")), str(m.get("verdict_source", ""))]
-            for name, m in (data.get("memory") or {}).items()]
+    return [
+        [name, str(m.get("verdict", "-")), str(m.get("verdict_source", ""))]
+        for name, m in (data.get("memory") or {}).items()
+    ]
 
 
 def slo_rows(data: dict[str, Any]) -> list[list[str]]:
-    return [[c["status"], c["name"], format_observed(c), format_limit(c)]
-            for c in (data.get("slo") or {}).get("checks", [])]
+    return [
+        [c["status"], c["name"], format_observed(c), format_limit(c)] for c in (data.get("slo") or {}).get("checks", [])
+    ]
 
 
 def overview_rows(data: dict[str, Any]) -> list[list[str]]:
@@ -68,16 +84,26 @@ def overview_rows(data: dict[str, Any]) -> list[list[str]]:
         ["requests", ", ".join(f"{k} {v}" for k, v in req.items() if v) or "none"],
     ]
     if "segments" in data:
-        rows.append(["segments", f"{len(data['segments'])} ({data.get('restarts', 0)} restarts, "
-                                 f"{data.get('unclean_exits', 0)} unclean exits)"])
+        rows.append(
+            [
+                "segments",
+                f"{len(data['segments'])} ({data.get('restarts', 0)} restarts, "
+                f"{data.get('unclean_exits', 0)} unclean exits)",
+            ]
+        )
         rows.append(["finished", _num(data.get("finished"))])
     if "offered_rps" in data:
         rows.append(["offered load", units.with_unit(data["offered_rps"], "req/s")])
     lag = data.get("schedule_lag_ms")
     if lag:
-        rows.append(["schedule lag", f"p50 {units.with_unit(lag.get('p50'), 'ms')}, "
-                                     f"p99 {units.with_unit(lag.get('p99'), 'ms')}, "
-                                     f"max {units.with_unit(lag.get('max'), 'ms')}"])
+        rows.append(
+            [
+                "schedule lag",
+                f"p50 {units.with_unit(lag.get('p50'), 'ms')}, "
+                f"p99 {units.with_unit(lag.get('p99'), 'ms')}, "
+                f"max {units.with_unit(lag.get('max'), 'ms')}",
+            ]
+        )
     cold = data.get("cold_start")
     if cold:
         rows.append(["cold start", ", ".join(f"{k} {v}" for k, v in cold.items())])
@@ -91,8 +117,10 @@ def stages(data: dict[str, Any]) -> list[str]:
 
 def latency_rows(data: dict[str, Any]) -> list[list[str]]:
     lat: dict[str, dict[str, Any]] = data.get("latency_ms") or {}
-    return [[s, *(str(lat[s].get(k, "-")) if k == "count" else units.ms(lat[s].get(k)) for k in QUANTILE_COLUMNS)]
-            for s in stages(data)]
+    return [
+        [s, *(str(lat[s].get(k, "-")) if k == "count" else units.ms(lat[s].get(k)) for k in QUANTILE_COLUMNS)]
+        for s in stages(data)
+    ]
 
 
 def batch_rows(data: dict[str, Any]) -> list[list[str]]:
@@ -115,23 +143,41 @@ def shapes_line(data: dict[str, Any]) -> str | None:
 
 
 def memory_rows(data: dict[str, Any]) -> list[list[str]]:
-    return [[name, units.mib(m.get("first")), units.mib(m.get("last")), units.mib(m.get("min")),
-             units.mib(m.get("max")), units.mib_per_hour(m.get("trend_bytes_per_hour")),
-             units.mib_per_hour(m.get("slope_bytes_per_hour")), units.mib_per_hour(
-                 m.get("detectable_slope_bytes_per_hour"), signed=False), str(m.get("verdict", "-"))]
-            for name, m in (data.get("memory") or {}).items()]
+    return [
+        [
+            name,
+            units.mib(m.get("first")),
+            units.mib(m.get("last")),
+            units.mib(m.get("min")),
+            units.mib(m.get("max")),
+            units.mib_per_hour(m.get("trend_bytes_per_hour")),
+            units.mib_per_hour(m.get("slope_bytes_per_hour")),
+            units.mib_per_hour(m.get("detectable_slope_bytes_per_hour"), signed=False),
+            str(m.get("verdict", "-")),
+        ]
+        for name, m in (data.get("memory") or {}).items()
+    ]
 
 
 def event_rows(data: dict[str, Any]) -> list[list[str]]:
-    return [[str(e.get("t")), str(e.get("segment")), str(e.get("kind")), str(e.get("detail"))]
-            for e in data.get("events") or []]
+    return [
+        [str(e.get("t")), str(e.get("segment")), str(e.get("kind")), str(e.get("detail"))]
+        for e in data.get("events") or []
+    ]
 
 
 def segment_rows(data: dict[str, Any]) -> list[list[str]]:
-    return [[str(s["id"]), str(s.get("started_at")), str(s.get("ended_at") or "-"),
-             units.seconds(s.get("duration_seconds")), str(s.get("end")),
-             ", ".join(f"{k} {v}" for k, v in (s.get("requests") or {}).items() if v)]
-            for s in data.get("segments") or []]
+    return [
+        [
+            str(s["id"]),
+            str(s.get("started_at")),
+            str(s.get("ended_at") or "-"),
+            units.seconds(s.get("duration_seconds")),
+            str(s.get("end")),
+            ", ".join(f"{k} {v}" for k, v in (s.get("requests") or {}).items() if v),
+        ]
+        for s in data.get("segments") or []
+    ]
 
 
 def fingerprint_rows(data: dict[str, Any]) -> list[list[str]]:

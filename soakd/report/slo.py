@@ -48,22 +48,31 @@ def check_slos(slo: SloConfig, summary: dict[str, Any]) -> list[Check]:
         checks.append(Check(f"p99 {stage}", limit, observed, "<=", "ms", _le(observed, limit)))
     if slo.max_error_ratio is not None:
         ratio = error_ratio(summary.get("requests", {}))
-        checks.append(Check("error ratio", slo.max_error_ratio, ratio, "<=", "",
-                            _le(ratio, slo.max_error_ratio)))
+        checks.append(Check("error ratio", slo.max_error_ratio, ratio, "<=", "", _le(ratio, slo.max_error_ratio)))
     if slo.min_throughput_rps is not None:
         rps = summary.get("throughput_rps")
-        checks.append(Check("throughput", slo.min_throughput_rps, rps, ">=", "req/s",
-                            None if rps is None else rps >= slo.min_throughput_rps))
+        checks.append(
+            Check(
+                "throughput",
+                slo.min_throughput_rps,
+                rps,
+                ">=",
+                "req/s",
+                None if rps is None else rps >= slo.min_throughput_rps,
+            )
+        )
     if slo.min_duration is not None:
         dur = summary.get("run_duration_seconds", summary.get("duration_seconds"))
-        checks.append(Check("duration", slo.min_duration, dur, ">=", "s",
-                            None if dur is None else dur >= slo.min_duration))
+        checks.append(
+            Check("duration", slo.min_duration, dur, ">=", "s", None if dur is None else dur >= slo.min_duration)
+        )
     memory: dict[str, dict[str, Any]] = summary.get("memory", {})
     for series in slo.no_leak:
         suspected = memory.get(series, {}).get("leak_suspected")
         observed = {True: "leak suspected", False: "no leak", None: "no verdict"}[suspected]
-        checks.append(Check(f"no leak {series}", None, observed, "no leak", "",
-                            None if suspected is None else not suspected))
+        checks.append(
+            Check(f"no leak {series}", None, observed, "no leak", "", None if suspected is None else not suspected)
+        )
     return checks
 
 
@@ -99,7 +108,8 @@ def print_verdict(block: dict[str, Any], out: TextIO) -> None:
         print("SLO: none configured ([slo] in --config)", file=out)
         return
     for c in checks:
-        print(f"SLO {c['status']:<4} {c['name']:<28} observed {format_observed(c):<18} "
-              f"limit {format_limit(c)}", file=out)
+        print(
+            f"SLO {c['status']:<4} {c['name']:<28} observed {format_observed(c):<18} limit {format_limit(c)}", file=out
+        )
     verdict = "met" if block["passed"] else f"MISSED ({', '.join(block['failed'])})"
     print(f"SLO verdict: {verdict}", file=out)

@@ -43,8 +43,7 @@ class WindowTable:
         self._n = 0
         self.merges = 0  # how many times the rows were merged in pairs
 
-    def append(self, t: float, seconds: float, outcomes: dict[str, int],
-               hists: dict[str, HistSnapshot]) -> None:
+    def append(self, t: float, seconds: float, outcomes: dict[str, int], hists: dict[str, HistSnapshot]) -> None:
         row = self._data[self._n]
         row[:] = np.nan
         row[_T], row[_SECONDS] = t, seconds
@@ -54,7 +53,7 @@ class WindowTable:
             h = hists.get(stage)
             if h is not None and h.count:
                 col = _FIXED + _NQ * i
-                row[col:col + _NQ] = [h.percentile(q) for q in WINDOW_QUANTILES.values()]
+                row[col : col + _NQ] = [h.percentile(q) for q in WINDOW_QUANTILES.values()]
         self._n += 1
         if self._n > self.max_rows:
             self._merge_pairs()
@@ -62,13 +61,13 @@ class WindowTable:
     def _merge_pairs(self) -> None:
         n, d = self._n, self._data
         pairs = n // 2
-        a, b = d[0:2 * pairs:2], d[1:2 * pairs:2]
+        a, b = d[0 : 2 * pairs : 2], d[1 : 2 * pairs : 2]
         merged = b.copy()  # t: the later row's end
         merged[:, _SECONDS] = a[:, _SECONDS] + b[:, _SECONDS]
         merged[:, _OK] = a[:, _OK] + b[:, _OK]
         merged[:, _ERRORS] = a[:, _ERRORS] + b[:, _ERRORS]
         qa, qb = a[:, _FIXED:], b[:, _FIXED:]
-        wa, wb = np.maximum(a[:, _OK:_OK + 1], 1.0), np.maximum(b[:, _OK:_OK + 1], 1.0)
+        wa, wb = np.maximum(a[:, _OK : _OK + 1], 1.0), np.maximum(b[:, _OK : _OK + 1], 1.0)
         has_a, has_b = ~np.isnan(qa), ~np.isnan(qb)
         weight = wa * has_a + wb * has_b
         total = np.where(has_a, qa * wa, 0.0) + np.where(has_b, qb * wb, 0.0)
@@ -83,13 +82,13 @@ class WindowTable:
 
     def rows(self) -> list[dict[str, Any]]:
         """The JSON rows, oldest first."""
-        return [self._row(r) for r in self._data[:self._n]]
+        return [self._row(r) for r in self._data[: self._n]]
 
     def _row(self, r: npt.NDArray[np.float64]) -> dict[str, Any]:
         seconds, ok = float(r[_SECONDS]), int(r[_OK])
         latency: dict[str, dict[str, float | None]] = {}
         for i, stage in enumerate(self.stages):
-            vals = r[_FIXED + _NQ * i:_FIXED + _NQ * (i + 1)]
+            vals = r[_FIXED + _NQ * i : _FIXED + _NQ * (i + 1)]
             if not np.isnan(vals).all():
                 latency[stage] = {k: seconds_to_ms(float(v)) for k, v in zip(WINDOW_QUANTILES, vals, strict=True)}
         return {
@@ -102,8 +101,9 @@ class WindowTable:
         }
 
 
-def rows_from_windows(windows: Iterable[tuple[float, float, dict[str, int], dict[str, HistSnapshot]]],
-                      max_rows: int = MAX_ROWS) -> list[dict[str, Any]]:
+def rows_from_windows(
+    windows: Iterable[tuple[float, float, dict[str, int], dict[str, HistSnapshot]]], max_rows: int = MAX_ROWS
+) -> list[dict[str, Any]]:
     """Rows from stored windows ``(t_start, t_end, outcomes, hists)``, oldest first; ``t`` is
     seconds from the first window's start (wall time: gaps between segments stay visible).
     Past ``max_rows``, runs of 2, 4, 8... stored windows make one row; their histograms add,
@@ -118,7 +118,7 @@ def rows_from_windows(windows: Iterable[tuple[float, float, dict[str, int], dict
         group *= 2
     origin = stored[0][0] if stored else 0.0
     for i in range(0, len(stored), group):
-        chunk = stored[i:i + group]
+        chunk = stored[i : i + group]
         outcomes: dict[str, int] = {}
         hists: dict[str, HistSnapshot] = {}
         for _, _, counts, hs in chunk:

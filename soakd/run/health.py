@@ -16,8 +16,14 @@ class Health:
     """Healthy while the engine completes requests, no model worker has died, and every sampler
     that has ever succeeded succeeded recently."""
 
-    def __init__(self, metrics: Metrics, stall_timeout: float, sampler_stale_after: float,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        stall_timeout: float,
+        sampler_stale_after: float,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.metrics = metrics
         self.stall_timeout = stall_timeout
         self.sampler_stale_after = sampler_stale_after
@@ -43,12 +49,16 @@ class Health:
             return False, down
         idle = self.clock() - engine.last_progress
         if engine.inflight > 0 and idle > self.stall_timeout:
-            return False, (f"engine stalled: no request completed for {idle:.0f}s with {engine.inflight} in "
-                           f"flight (hung inference?)")
+            return False, (
+                f"engine stalled: no request completed for {idle:.0f}s with {engine.inflight} in "
+                f"flight (hung inference?)"
+            )
         now = self.wall()
-        stale = [f"{src} (last success {now - t:.0f}s ago)"
-                 for src, t in sorted(self.metrics.collector_last_successes().items())
-                 if t > 0 and now - t > self.sampler_stale_after]
+        stale = [
+            f"{src} (last success {now - t:.0f}s ago)"
+            for src, t in sorted(self.metrics.collector_last_successes().items())
+            if t > 0 and now - t > self.sampler_stale_after
+        ]
         if stale:
             return False, "samplers stale: " + ", ".join(stale)
         return True, "ok"

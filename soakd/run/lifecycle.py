@@ -27,8 +27,9 @@ PHASES = ("loading", "warmup", "ramp", "steady", "probe", "draining", "done")
 
 
 class Lifecycle:
-    def __init__(self, cfg: Config, metrics: Metrics, run_id: str, store: StateStore | None,
-                 notifier: Notifier) -> None:
+    def __init__(
+        self, cfg: Config, metrics: Metrics, run_id: str, store: StateStore | None, notifier: Notifier
+    ) -> None:
         self.cfg = cfg
         self.metrics = metrics
         self.run_id = run_id
@@ -46,8 +47,9 @@ class Lifecycle:
         self.set_phase("loading")
 
     @classmethod
-    def open(cls, cfg: Config, metrics: Metrics, new_run_id: Callable[[], str],
-             environ: Mapping[str, str] | None = None) -> Lifecycle:
+    def open(
+        cls, cfg: Config, metrics: Metrics, new_run_id: Callable[[], str], environ: Mapping[str, str] | None = None
+    ) -> Lifecycle:
         """Open the state dir (a corrupt file is moved aside), pick the run id (resuming the
         unfinished run under systemd), set up the log file and SIGHUP."""
         env = os.environ if environ is None else environ
@@ -116,11 +118,13 @@ class Lifecycle:
         self.segment = self.store.begin_segment(self.run_id, fingerprint)
         self.elapsed_before = self.store.previous_active_seconds(self.run_id, self.segment)
         if self.elapsed_before > 0:
-            log.info("resuming run %s as segment %d (%.0fs already run)", self.run_id, self.segment,
-                     self.elapsed_before)
+            log.info(
+                "resuming run %s as segment %d (%.0fs already run)", self.run_id, self.segment, self.elapsed_before
+            )
 
-    def ready(self, window_row: Callable[[], tuple[int, str, WindowRow] | None],
-              health: Callable[[], tuple[bool, str]]) -> None:
+    def ready(
+        self, window_row: Callable[[], tuple[int, str, WindowRow] | None], health: Callable[[], tuple[bool, str]]
+    ) -> None:
         """The engine runs: the state writer (with the open window), the watchdog, then READY=1."""
         if self.store is not None:
             self.store.window_source = window_row

@@ -122,9 +122,13 @@ class RunSession:
             if self.stop.event.is_set():
                 return self._stopped_early(life, "loading")
             cuda_index = cuda_devices(model.device)[0] if model.device.type == "cuda" else None
-            return self._with_telemetry(life, model.device, cuda_index, cfg.model.spec,
-                                        lambda series, telemetry: self._soak_loaded(life, model, target, series,
-                                                                                    telemetry))
+            return self._with_telemetry(
+                life,
+                model.device,
+                cuda_index,
+                cfg.model.spec,
+                lambda series, telemetry: self._soak_loaded(life, model, target, series, telemetry),
+            )
         finally:
             target.close()
 
@@ -139,24 +143,42 @@ class RunSession:
         try:
             if self.stop.event.is_set():
                 return self._stopped_early(life, "connecting")
-            return self._with_telemetry(life, torch.device("cpu"), None, target.spec,
-                                        lambda series, telemetry: self._soak_network(life, target, source,
-                                                                                     connect_s, series, telemetry))
+            return self._with_telemetry(
+                life,
+                torch.device("cpu"),
+                None,
+                target.spec,
+                lambda series, telemetry: self._soak_network(life, target, source, connect_s, series, telemetry),
+            )
         finally:
             target.close()
 
-    def _with_telemetry(self, life: Lifecycle, device: torch.device, cuda_index: int | None, label: str,
-                        soak: Callable[[SeriesStore, Telemetry], int]) -> int:
+    def _with_telemetry(
+        self,
+        life: Lifecycle,
+        device: torch.device,
+        cuda_index: int | None,
+        label: str,
+        soak: Callable[[SeriesStore, Telemetry], int],
+    ) -> int:
         """Samplers, the series ring and the leak monitor around ``soak``."""
         cfg = self.cfg
         series = SeriesStore(capacity=cfg.memory.ring_size)
         life.watch_series(series)  # a durable copy of every sample in the state store
-        telemetry = Telemetry(cfg, self.metrics, run_samplers(cfg, self.metrics, series, device),
-                              resource_attributes=resource_attributes(
-                                  device, {"soakd.run_id": life.run_id, "soakd.model": label}))
+        telemetry = Telemetry(
+            cfg,
+            self.metrics,
+            run_samplers(cfg, self.metrics, series, device),
+            resource_attributes=resource_attributes(device, {"soakd.run_id": life.run_id, "soakd.model": label}),
+        )
         # Leak verdicts judged from `series` on the telemetry scheduler; each flip is one event.
-        self.leak = monitor_for_run(cfg, self.metrics, series, cuda_index,
-                                    on_event=lambda kind, detail: life.event(kind, json.dumps(detail, default=str)))
+        self.leak = monitor_for_run(
+            cfg,
+            self.metrics,
+            series,
+            cuda_index,
+            on_event=lambda kind, detail: life.event(kind, json.dumps(detail, default=str)),
+        )
         self.leak.open()
         telemetry.scheduler.add_task("leak", self.leak.evaluate, cfg.leak.evaluate_interval)
         telemetry.start()
@@ -171,8 +193,9 @@ class RunSession:
         life.end_segment(f"{self.stop.name} during {during}", finished=False)
         return Exit.OK
 
-    def _soak_loaded(self, life: Lifecycle, model: LoadedModel, target: LocalModelTarget, series: SeriesStore,
-                     telemetry: Telemetry) -> int:
+    def _soak_loaded(
+        self, life: Lifecycle, model: LoadedModel, target: LocalModelTarget, series: SeriesStore, telemetry: Telemetry
+    ) -> int:
         cfg, m = self.cfg, self.metrics
         source = steps.request_source(cfg, model)
         life.set_phase("warmup")
@@ -185,11 +208,22 @@ class RunSession:
         self.offline_rps = offline["rps"] if offline and offline["rps"] > 0 else None
         run_fp = steps.run_fingerprint(cfg, life.run_id, model)
         steps.export_run_info(m, life.run_id, cfg, model, run_fp)
-        return self._soak(life, _Prepared(target, source, run_fp, steps.cold_start(model, warm, cfg.model.warmup),
-                                          offline), series, telemetry)
+        return self._soak(
+            life,
+            _Prepared(target, source, run_fp, steps.cold_start(model, warm, cfg.model.warmup), offline),
+            series,
+            telemetry,
+        )
 
-    def _soak_network(self, life: Lifecycle, target: HttpTarget, source: BodySource, connect_s: float,
-                      series: SeriesStore, telemetry: Telemetry) -> int:
+    def _soak_network(
+        self,
+        life: Lifecycle,
+        target: HttpTarget,
+        source: BodySource,
+        connect_s: float,
+        series: SeriesStore,
+        telemetry: Telemetry,
+    ) -> int:
         cfg, m = self.cfg, self.metrics
         life.set_phase("warmup")
         warm = steps.warm_up_target(cfg, target, source, self.stop.event, m)
@@ -213,9 +247,13 @@ class RunSession:
         self.health.engine = engine
         windows = WindowRecorder()  # the summary's rows, for the report and compare
         windows.start(engine.stats())
-        store_window = StoreWindow(engine.stats, window_length(cfg.state.window, cfg.load.duration,
-                                                               cfg.state.flush_interval),
-                                   life.run_id, lambda: life.segment, life.event)
+        store_window = StoreWindow(
+            engine.stats,
+            window_length(cfg.state.window, cfg.load.duration, cfg.state.flush_interval),
+            life.run_id,
+            lambda: life.segment,
+            life.event,
+        )
         store_window.start(engine.stats())
         try:
             phases.start()
@@ -230,21 +268,37 @@ class RunSession:
         log.info("draining %d requests in flight (up to %.0fs)", engine.inflight, cfg.load.drain_timeout)
         queued = engine.stats().queued
         if not engine.stop():
-            log.warning("drain timed out after %.1fs: %d requests that never reached the model are counted "
-                        "as dropped", cfg.load.drain_timeout, queued)
+            log.warning(
+                "drain timed out after %.1fs: %d requests that never reached the model are counted as dropped",
+                cfg.load.drain_timeout,
+                queued,
+            )
         life.set_phase("done")
-        life.end_segment("completed" if self.stop.signal is None else self.stop.name,
-                         finished=self.stop.signal is None and died is None)
+        life.end_segment(
+            "completed" if self.stop.signal is None else self.stop.name,
+            finished=self.stop.signal is None and died is None,
+        )
         if died is not None:
             raise RunFailed(f"a model worker thread ended ({type(died).__name__}: {died}); the run stopped")
         stats = engine.stats()
         if offline is not None:
-            offline["achieved_ratio"] = round(stats.completed.get("ok", 0) / stats.elapsed / offline["rps"], 4) \
-                if offline["rps"] > 0 else None
+            offline["achieved_ratio"] = (
+                round(stats.completed.get("ok", 0) / stats.elapsed / offline["rps"], 4) if offline["rps"] > 0 else None
+            )
         verdicts = self.leak.verdicts() if self.leak is not None else {}
-        summary = build_summary(cfg, engine, stats, run=run_fp, cold=prep.cold,
-                                windows=windows.rows, series=series, verdicts=verdicts, metrics=m,
-                                elapsed_before=life.elapsed_before, offline=offline)
+        summary = build_summary(
+            cfg,
+            engine,
+            stats,
+            run=run_fp,
+            cold=prep.cold,
+            windows=windows.rows,
+            series=series,
+            verdicts=verdicts,
+            metrics=m,
+            elapsed_before=life.elapsed_before,
+            offline=offline,
+        )
         if prep.target_summary is not None:  # a served model: where it was, and how long it was down
             summary["target"] = prep.target_summary()
         if cfg.output.summary_json:
@@ -252,8 +306,9 @@ class RunSession:
             log.info("summary written to %s", cfg.output.summary_json)
         print_summary(summary, self.out)
         # SLO lines, <state-dir>/<run-id>/report.html; 1 when an SLO is missed.
-        return conclude(summary, state_dir=life.store.dir if life.store is not None else None,
-                        run_id=life.run_id, out=self.out)
+        return conclude(
+            summary, state_dir=life.store.dir if life.store is not None else None, run_id=life.run_id, out=self.out
+        )
 
     # ------------------------------------------------------------------ while it runs
 
@@ -291,8 +346,11 @@ class RunSession:
         self.metrics.harness_overhead_ratio.set(ratio)
         if ratio > OVERHEAD_WARN_RATIO and not self._overhead_warned:
             self._overhead_warned = True
-            log.warning("soakd's own per-batch work is %.0f%% of the model's time: at this load the harness, "
-                        "not only the model, sets the throughput (soakd_harness_overhead_ratio)", 100 * ratio)
+            log.warning(
+                "soakd's own per-batch work is %.0f%% of the model's time: at this load the harness, "
+                "not only the model, sets the throughput (soakd_harness_overhead_ratio)",
+                100 * ratio,
+            )
 
     def _notice_overload(self, win: Delta, stats: EngineStats) -> None:
         """Open loop: a queue that keeps growing means offered load exceeds what the model
@@ -306,9 +364,14 @@ class RunSession:
         if self._overload_ticks >= OVERLOAD_TICKS and not self._overloaded:
             self._overloaded = True
             offered = self.engine.target_load if self.engine is not None else math.nan
-            log.warning("overloaded: %.1f req/s offered, %.1f req/s completed; %d queued%s. Latency now is "
-                        "mostly queueing: lower --rate or add capacity", offered, win.rps, stats.queued,
-                        f", {win.dropped} dropped in the last window" if win.dropped else "")
+            log.warning(
+                "overloaded: %.1f req/s offered, %.1f req/s completed; %d queued%s. Latency now is "
+                "mostly queueing: lower --rate or add capacity",
+                offered,
+                win.rps,
+                stats.queued,
+                f", {win.dropped} dropped in the last window" if win.dropped else "",
+            )
         elif self._overloaded and self._overload_ticks == 0 and stats.queued <= self.cfg.batcher.max_batch_size:
             self._overloaded = False
             log.info("no longer overloaded: the queue is down to %d", stats.queued)
@@ -321,6 +384,12 @@ class RunSession:
 
     def status(self) -> dict[str, Any]:
         """/status: what the run is doing now."""
-        return status_document(self.cfg, self.life, self.engine, self.window, self.health,
-                               self.leak.verdicts() if self.leak is not None else {},
-                               self.target_summary() if self.target_summary is not None else None)
+        return status_document(
+            self.cfg,
+            self.life,
+            self.engine,
+            self.window,
+            self.health,
+            self.leak.verdicts() if self.leak is not None else {},
+            self.target_summary() if self.target_summary is not None else None,
+        )

@@ -21,9 +21,15 @@ def _ms(v: float) -> float | None:
     return None if math.isnan(v) else round(v, 4)
 
 
-def status_document(cfg: Config, life: Lifecycle | None, engine: Engine | None, win: Delta | None,
-                    health: Health, verdicts: dict[str, Verdict],
-                    target: dict[str, Any] | None = None) -> dict[str, Any]:
+def status_document(
+    cfg: Config,
+    life: Lifecycle | None,
+    engine: Engine | None,
+    win: Delta | None,
+    health: Health,
+    verdicts: dict[str, Verdict],
+    target: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """``target``: a network target's summary block (up, down time, answers by class)."""
     ok, reason = health()
     out: dict[str, Any] = {
@@ -55,9 +61,14 @@ def status_document(cfg: Config, life: Lifecycle | None, engine: Engine | None, 
     out["leak_suspected"] = sorted(s for s, v in leak.items() if v.get("suspected"))
     if life is not None:
         watchdog = life.watchdog
-        out["watchdog"] = {"interval_seconds": life.notifier.watchdog_interval,
-                           "pings": watchdog.pings if watchdog else 0}
+        out["watchdog"] = {
+            "interval_seconds": life.notifier.watchdog_interval,
+            "pings": watchdog.pings if watchdog else 0,
+        }
         if life.store is not None:
-            out["state"] = {"path": str(life.store.path), "write_errors": life.store.write_errors,
-                            "dropped": life.store.dropped}
+            out["state"] = {
+                "path": str(life.store.path),
+                "write_errors": life.store.write_errors,
+                "dropped": life.store.dropped,
+            }
     return out

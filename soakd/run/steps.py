@@ -42,10 +42,16 @@ def load_target(cfg: Config, metrics: Metrics | None = None) -> tuple[LoadedMode
     if metrics is not None:
         metrics.model_load.set(model.load_seconds)
     log.info("loaded %s on %s in %.2fs", cfg.model.spec, model.device, model.load_seconds)
-    target = LocalModelTarget(model.fn, model.device, spec=cfg.model.spec, instances=cfg.batcher.instances,
-                              cpu_threads=cores)
-    log.info("%d model instance%s, %d intra-op thread%s each", target.workers, "s" if target.workers > 1 else "",
-             target.threads_per_worker, "s" if target.threads_per_worker > 1 else "")
+    target = LocalModelTarget(
+        model.fn, model.device, spec=cfg.model.spec, instances=cfg.batcher.instances, cpu_threads=cores
+    )
+    log.info(
+        "%d model instance%s, %d intra-op thread%s each",
+        target.workers,
+        "s" if target.workers > 1 else "",
+        target.threads_per_worker,
+        "s" if target.threads_per_worker > 1 else "",
+    )
     target.start()
     return model, target
 
@@ -55,8 +61,14 @@ def request_source(cfg: Config, model: LoadedModel) -> RequestSource:
     return build_source(cfg, model.default_shape, model.dtype)
 
 
-def warm_up(cfg: Config, target: LocalModelTarget, source: RequestSource, max_batch: int,
-            stop: threading.Event, metrics: Metrics | None = None) -> WarmupResult:
+def warm_up(
+    cfg: Config,
+    target: LocalModelTarget,
+    source: RequestSource,
+    max_batch: int,
+    stop: threading.Event,
+    metrics: Metrics | None = None,
+) -> WarmupResult:
     """``model.warmup`` calls on each worker thread, outside measurement."""
     inputs = [tensor for _, tensor in source.warmup_inputs()]
     res = target.warm_up(inputs, cfg.model.warmup, max_batch, stop)
@@ -68,16 +80,20 @@ def warm_up(cfg: Config, target: LocalModelTarget, source: RequestSource, max_ba
 
 
 def cold_start(model: LoadedModel, warm: WarmupResult, runs: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"model_load_seconds": round(model.load_seconds, 4),
-                           "first_inference_seconds": round(warm.first_seconds, 4),
-                           "warmup_seconds": round(warm.total_seconds, 4), "warmup_runs": runs}
+    out: dict[str, Any] = {
+        "model_load_seconds": round(model.load_seconds, 4),
+        "first_inference_seconds": round(warm.first_seconds, 4),
+        "warmup_seconds": round(warm.total_seconds, 4),
+        "warmup_runs": runs,
+    }
     if warm.failures:
         out["warmup_failures"] = warm.failures
     return out
 
 
-def probe_offline(cfg: Config, target: LocalModelTarget, source: RequestSource, stop: threading.Event,
-                  metrics: Metrics | None = None) -> dict[str, Any] | None:
+def probe_offline(
+    cfg: Config, target: LocalModelTarget, source: RequestSource, stop: threading.Event, metrics: Metrics | None = None
+) -> dict[str, Any] | None:
     """The model alone at the max batch size for ``model.offline_probe`` seconds (and at most as
     many calls as the warm-up made), on its own threads and one reused input: the limit the
     soak's throughput is compared with."""
@@ -90,16 +106,25 @@ def probe_offline(cfg: Config, target: LocalModelTarget, source: RequestSource, 
     rps = target.measure_offline(x, seconds, max(3, cfg.model.warmup), stop)
     if metrics is not None:
         metrics.model_offline_rps.set(rps)
-    log.info("model alone at batch %d: %.1f req/s (%s)", batch, rps,
-             f"{target.workers} instances" if target.workers > 1 else "one instance")
+    log.info(
+        "model alone at batch %d: %.1f req/s (%s)",
+        batch,
+        rps,
+        f"{target.workers} instances" if target.workers > 1 else "one instance",
+    )
     return {"rps": round(rps, 3), "batch_size": batch, "seconds": seconds, "instances": target.workers}
 
 
 def run_fingerprint(cfg: Config, run_id: str, model: LoadedModel) -> dict[str, Any]:
     shapes = cfg.input.shapes or model.default_shape
-    return fingerprint(cfg, run_id=run_id, model_spec=cfg.model.spec, model_sha256=model.sha256,
-                       device=model.device,
-                       input_desc=f"samples {cfg.input.samples}" if cfg.input.samples else f"shapes {shapes}")
+    return fingerprint(
+        cfg,
+        run_id=run_id,
+        model_spec=cfg.model.spec,
+        model_sha256=model.sha256,
+        device=model.device,
+        input_desc=f"samples {cfg.input.samples}" if cfg.input.samples else f"shapes {shapes}",
+    )
 
 
 def load_mode(cfg: Config) -> str:
@@ -108,8 +133,16 @@ def load_mode(cfg: Config) -> str:
 
 
 def export_run_info(metrics: Metrics, run_id: str, cfg: Config, model: LoadedModel, fp: dict[str, Any]) -> None:
-    metrics.run_info.labels(run_id, cfg.model.spec, model.sha256[:16], str(model.device), fp["device_name"],
-                            torch.__version__, str(torch.version.cuda), load_mode(cfg)).set(1)
+    metrics.run_info.labels(
+        run_id,
+        cfg.model.spec,
+        model.sha256[:16],
+        str(model.device),
+        fp["device_name"],
+        torch.__version__,
+        str(torch.version.cuda),
+        load_mode(cfg),
+    ).set(1)
     metrics.run_start_time.set(time.time())
 
 
@@ -125,8 +158,14 @@ def open_network_target(cfg: Config, metrics: Metrics) -> tuple[HttpTarget, floa
     limit = tg.max_connections or (OPEN_LOOP_CONNECTIONS if cfg.load.open_loop else cfg.load.concurrency or 1)
     target = HttpTarget(tg.url, metrics, max_connections=limit, timeout=tg.timeout)
     seconds = target.open()
-    log.info("target %s (api %s): reachable in %.3fs; up to %d connections, %.0fs timeout per request",
-             tg.url, tg.api, seconds, limit, tg.timeout)
+    log.info(
+        "target %s (api %s): reachable in %.3fs; up to %d connections, %.0fs timeout per request",
+        tg.url,
+        tg.api,
+        seconds,
+        limit,
+        tg.timeout,
+    )
     return target, seconds
 
 
@@ -134,27 +173,35 @@ def body_source(cfg: Config) -> BodySource:
     """The request bodies ``--samples`` holds; ConfigError naming the dir when it holds none."""
     assert cfg.input.samples is not None  # config validation requires it for --api http
     source = BodySource(cfg.input.samples)
-    log.info("%d request bodies (%.1f KiB) from %s", len(source.bodies), source.total_bytes / 1024,
-             cfg.input.samples)
+    log.info("%d request bodies (%.1f KiB) from %s", len(source.bodies), source.total_bytes / 1024, cfg.input.samples)
     return source
 
 
-def warm_up_target(cfg: Config, target: HttpTarget, source: BodySource, stop: threading.Event,
-                   metrics: Metrics | None = None) -> WarmupResult:
+def warm_up_target(
+    cfg: Config, target: HttpTarget, source: BodySource, stop: threading.Event, metrics: Metrics | None = None
+) -> WarmupResult:
     """``model.warmup`` requests one by one, kept out of the histograms and counters."""
     res = target.warm_up(source.bodies, cfg.model.warmup, stop)
     if metrics is not None:
         metrics.first_inference.set(res.first_seconds)
         metrics.warmup.set(res.total_seconds)
-    log.info("warmup: %d requests in %.2fs (first %.3fs)%s", res.calls, res.total_seconds, res.first_seconds,
-             f", {res.failures} failed" if res.failures else "")
+    log.info(
+        "warmup: %d requests in %.2fs (first %.3fs)%s",
+        res.calls,
+        res.total_seconds,
+        res.first_seconds,
+        f", {res.failures} failed" if res.failures else "",
+    )
     return res
 
 
 def target_cold_start(connect_seconds: float, warm: WarmupResult, runs: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"target_connect_seconds": round(connect_seconds, 4),
-                           "first_inference_seconds": round(warm.first_seconds, 4),
-                           "warmup_seconds": round(warm.total_seconds, 4), "warmup_runs": runs}
+    out: dict[str, Any] = {
+        "target_connect_seconds": round(connect_seconds, 4),
+        "first_inference_seconds": round(warm.first_seconds, 4),
+        "warmup_seconds": round(warm.total_seconds, 4),
+        "warmup_runs": runs,
+    }
     if warm.failures:
         out["warmup_failures"] = warm.failures
     return out
@@ -162,12 +209,19 @@ def target_cold_start(connect_seconds: float, warm: WarmupResult, runs: int) -> 
 
 def target_fingerprint(cfg: Config, run_id: str) -> dict[str, Any]:
     tg = cfg.target
-    return fingerprint(cfg, run_id=run_id, model_spec=f"{tg.api}:{tg.url}", model_sha256=None, device=None,
-                       input_desc=f"samples {cfg.input.samples}",
-                       target={"url": tg.url, "api": tg.api, "model": tg.model})
+    return fingerprint(
+        cfg,
+        run_id=run_id,
+        model_spec=f"{tg.api}:{tg.url}",
+        model_sha256=None,
+        device=None,
+        input_desc=f"samples {cfg.input.samples}",
+        target={"url": tg.url, "api": tg.api, "model": tg.model},
+    )
 
 
 def export_target_run_info(metrics: Metrics, run_id: str, cfg: Config, fp: dict[str, Any]) -> None:
-    metrics.run_info.labels(run_id, fp["model"], "", "remote", "", torch.__version__, str(torch.version.cuda),
-                            load_mode(cfg)).set(1)
+    metrics.run_info.labels(
+        run_id, fp["model"], "", "remote", "", torch.__version__, str(torch.version.cuda), load_mode(cfg)
+    ).set(1)
     metrics.run_start_time.set(time.time())

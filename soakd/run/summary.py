@@ -66,10 +66,20 @@ def live_verdicts(verdicts: dict[str, Verdict]) -> dict[str, dict[str, Any]]:
     return {series: v.as_dict() for series, v in verdicts.items()}
 
 
-def build_summary(cfg: Config, engine: Engine, stats: EngineStats, *, run: dict[str, Any],
-                  cold: dict[str, Any], windows: list[dict[str, Any]], series: SeriesStore | None,
-                  verdicts: dict[str, Verdict], metrics: Metrics, elapsed_before: float = 0.0,
-                  offline: dict[str, Any] | None = None) -> dict[str, Any]:
+def build_summary(
+    cfg: Config,
+    engine: Engine,
+    stats: EngineStats,
+    *,
+    run: dict[str, Any],
+    cold: dict[str, Any],
+    windows: list[dict[str, Any]],
+    series: SeriesStore | None,
+    verdicts: dict[str, Verdict],
+    metrics: Metrics,
+    elapsed_before: float = 0.0,
+    offline: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     completed = stats.completed
     summary: dict[str, Any] = {
         "throughput_rps": round(completed.get("ok", 0) / stats.elapsed, 3),
@@ -90,8 +100,9 @@ def build_summary(cfg: Config, engine: Engine, stats: EngineStats, *, run: dict[
         summary["model_offline"] = offline
     summary["windows"] = windows
     samples = {name: series.read(name) for name in series.names()} if series is not None else {}
-    summary["memory"] = memory_block({k: v for k, v in samples.items() if np.size(v[0])}, cfg.leak,
-                                     live_verdicts(verdicts))
+    summary["memory"] = memory_block(
+        {k: v for k, v in samples.items() if np.size(v[0])}, cfg.leak, live_verdicts(verdicts)
+    )
     # A resumed run: earlier segments count toward the minimum duration.
     summary["run_duration_seconds"] = round(elapsed_before + stats.elapsed, 3)
     summary["slo"] = slo_block(cfg.slo, summary)
@@ -100,15 +111,20 @@ def build_summary(cfg: Config, engine: Engine, stats: EngineStats, *, run: dict[
 
 def print_summary(summary: dict[str, Any], out: TextIO) -> None:
     req = summary["requests"]
-    print(f"\nsoakd summary: {summary['throughput_rps']:.1f} req/s over {summary['duration_seconds']:.1f}s, "
-          f"requests {', '.join(f'{k}={v}' for k, v in req.items() if v)}", file=out)
+    print(
+        f"\nsoakd summary: {summary['throughput_rps']:.1f} req/s over {summary['duration_seconds']:.1f}s, "
+        f"requests {', '.join(f'{k}={v}' for k, v in req.items() if v)}",
+        file=out,
+    )
     if "offered_rps" in summary:
-        print(f"  offered {summary['offered_rps']:.1f} req/s, achieved {summary['throughput_rps']:.1f} req/s",
-              file=out)
+        print(f"  offered {summary['offered_rps']:.1f} req/s, achieved {summary['throughput_rps']:.1f} req/s", file=out)
     off = summary.get("model_offline")
     if off and off.get("rps"):
-        print(f"  model alone at batch {off['batch_size']}: {off['rps']:.1f} req/s "
-              f"(achieved/offline {off['achieved_ratio']:.2f})", file=out)
+        print(
+            f"  model alone at batch {off['batch_size']}: {off['rps']:.1f} req/s "
+            f"(achieved/offline {off['achieved_ratio']:.2f})",
+            file=out,
+        )
     print(f"  {'stage':<12}{'p50':>10}{'p90':>10}{'p99':>10}{'p99.9':>10}{'max':>10}  (ms)", file=out)
     for stage, s in summary["latency_ms"].items():
         cells = "".join(
@@ -123,5 +139,8 @@ def print_summary(summary: dict[str, Any], out: TextIO) -> None:
         print(f"  batch size mean {b['mean']:.2f}, max {b['max']:.0f} over {b['batches']} batches", file=out)
     tg = summary.get("target")
     if tg:
-        print(f"  target {tg['url']}: down {tg['down_seconds']:.1f}s in {tg['outages']} outage(s); responses "
-              + ", ".join(f"{k}={v}" for k, v in tg["responses"].items() if v), file=out)
+        print(
+            f"  target {tg['url']}: down {tg['down_seconds']:.1f}s in {tg['outages']} outage(s); responses "
+            + ", ".join(f"{k}={v}" for k, v in tg["responses"].items() if v),
+            file=out,
+        )

@@ -111,8 +111,10 @@ def plan(cfg: Config, ns: argparse.Namespace) -> SweepPlan:
         mode, loads = "rate", rate or [cfg.load.rate]
     else:
         mode, loads = "concurrency", conc or [_Concurrency(str(cfg.load.concurrency or 8))]
-    steps = [{mode: load.of(b) if isinstance(load, _Concurrency) else load, "max_batch_size": b}
-             for load, b in itertools.product(loads, batch)]
+    steps = [
+        {mode: load.of(b) if isinstance(load, _Concurrency) else load, "max_batch_size": b}
+        for load, b in itertools.product(loads, batch)
+    ]
     tol = float(getattr(ns, "stability_tolerance", 10.0))
     if not 0 < tol < 100:
         raise ConfigError(f"--tolerance: expected a percentage in (0, 100), got {tol}")
@@ -125,8 +127,17 @@ def plan(cfg: Config, ns: argparse.Namespace) -> SweepPlan:
     if max_step < min_step:
         raise ConfigError(f"--max-step: must be >= --min-step ({min_step}s), got {max_step}s")
     slo = ns.slo_p99_ms if ns.slo_p99_ms is not None else cfg.slo.p99_ms
-    return SweepPlan(mode, steps, fixed, window, max(min_step, 4 * window), max(max_step, 4 * window),
-                     tol / 100.0, slo, one_axis=len(loads) == 1 or len(batch) == 1)
+    return SweepPlan(
+        mode,
+        steps,
+        fixed,
+        window,
+        max(min_step, 4 * window),
+        max(max_step, 4 * window),
+        tol / 100.0,
+        slo,
+        one_axis=len(loads) == 1 or len(batch) == 1,
+    )
 
 
 def step_config(cfg: Config, step: dict[str, Any]) -> Config:
@@ -196,8 +207,9 @@ def is_stable(marks: list[Mark], tolerance: float) -> bool:
     return True
 
 
-def run_step(model: LoadedModel, target: LocalModelTarget, cfg: Config, sweep: SweepPlan,
-             settings: dict[str, Any]) -> StepResult:
+def run_step(
+    model: LoadedModel, target: LocalModelTarget, cfg: Config, sweep: SweepPlan, settings: dict[str, Any]
+) -> StepResult:
     step_cfg = step_config(cfg, settings)
     metrics = Metrics()
     engine = Engine(target, shared.request_source(step_cfg, model), step_cfg, metrics)
@@ -260,8 +272,12 @@ def bottleneck(pre_busy: float, model_busy: float, means: dict[str, float]) -> s
         return "preprocess-bound"
     if model_busy >= BUSY:
         return "model-bound"
-    names = {"preprocess": "preprocess-bound", "queue": "queueing", "inference": "model-bound",
-             "postprocess": "postprocess-bound"}
+    names = {
+        "preprocess": "preprocess-bound",
+        "queue": "queueing",
+        "inference": "model-bound",
+        "postprocess": "postprocess-bound",
+    }
     return names[max(names, key=lambda s: means.get(s, 0.0))]
 
 
@@ -280,22 +296,24 @@ def step_figures(index: int, r: StepResult) -> dict[str, Any]:
     pre_busy = (b.pre_busy - a.pre_busy) / (dt * r.workers)
     requests = {k: v - r.marks[0].stats.completed.get(k, 0) for k, v in b.stats.completed.items()}
     out: dict[str, Any] = {"index": index, **r.settings}
-    out.update({
-        "duration_seconds": round(b.t - r.marks[0].t, 3),
-        "throughput_rps": round(ok / dt, 3),
-        "p50_ms": _ms(e2e.percentile(0.5)),
-        "p90_ms": _ms(e2e.percentile(0.9)),
-        "p99_ms": _ms(e2e.percentile(0.99)),
-        "mean_batch_size": round(mean_batch, 3),
-        "peak_host_rss_bytes": r.peak_rss,
-        "peak_gpu_memory_bytes": r.peak_gpu,
-        "stable": r.stable,
-        "bottleneck": bottleneck(pre_busy, model_busy, means),
-        "stage_mean_ms": {s: round(v * 1e3, 4) for s, v in means.items() if v > 0},
-        "model_busy_ratio": round(min(1.0, model_busy), 4),
-        "preprocess_busy_ratio": round(min(1.0, pre_busy), 4) if "preprocess" in b.stats.stages else None,
-        "requests": {k: v for k, v in requests.items() if v},
-    })
+    out.update(
+        {
+            "duration_seconds": round(b.t - r.marks[0].t, 3),
+            "throughput_rps": round(ok / dt, 3),
+            "p50_ms": _ms(e2e.percentile(0.5)),
+            "p90_ms": _ms(e2e.percentile(0.9)),
+            "p99_ms": _ms(e2e.percentile(0.99)),
+            "mean_batch_size": round(mean_batch, 3),
+            "peak_host_rss_bytes": r.peak_rss,
+            "peak_gpu_memory_bytes": r.peak_gpu,
+            "stable": r.stable,
+            "bottleneck": bottleneck(pre_busy, model_busy, means),
+            "stage_mean_ms": {s: round(v * 1e3, 4) for s, v in means.items() if v > 0},
+            "model_busy_ratio": round(min(1.0, model_busy), 4),
+            "preprocess_busy_ratio": round(min(1.0, pre_busy), 4) if "preprocess" in b.stats.stages else None,
+            "requests": {k: v for k, v in requests.items() if v},
+        }
+    )
     return out
 
 
@@ -354,8 +372,10 @@ def _cell(v: Any, fmt: str) -> str:
 
 def print_table(result: dict[str, Any], out: TextIO) -> None:
     mode = result["mode"]
-    head = (f"{'step':>4} {mode[:4]:>7} {'mbs':>4} {'req/s':>10} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} "
-            f"{'batch':>6} {'rss MiB':>8} {'gpu MiB':>8} {'stable':>6}  bottleneck")
+    head = (
+        f"{'step':>4} {mode[:4]:>7} {'mbs':>4} {'req/s':>10} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} "
+        f"{'batch':>6} {'rss MiB':>8} {'gpu MiB':>8} {'stable':>6}  bottleneck"
+    )
     print(head, file=out)
     for s in result["steps"]:
         gpu = None if s["peak_gpu_memory_bytes"] is None else s["peak_gpu_memory_bytes"] / 2**20
@@ -375,8 +395,10 @@ def print_table(result: dict[str, Any], out: TextIO) -> None:
 
 
 def _describe(s: dict[str, Any], mode: str) -> str:
-    return (f"step {s['index']} ({mode} {s[mode]:g}, max batch {s['max_batch_size']}): "
-            f"{s['throughput_rps']:.1f} req/s, p99 {_cell(s['p99_ms'], '.2f')} ms")
+    return (
+        f"step {s['index']} ({mode} {s[mode]:g}, max batch {s['max_batch_size']}): "
+        f"{s['throughput_rps']:.1f} req/s, p99 {_cell(s['p99_ms'], '.2f')} ms"
+    )
 
 
 def sweep_command(cfg: Config, ns: argparse.Namespace, out: TextIO = sys.stdout) -> int:
@@ -389,12 +411,16 @@ def sweep_command(cfg: Config, ns: argparse.Namespace, out: TextIO = sys.stdout)
         target.close()
 
 
-def _sweep(cfg: Config, ns: argparse.Namespace, sweep: SweepPlan, model: LoadedModel, target: LocalModelTarget,
-           out: TextIO) -> int:
+def _sweep(
+    cfg: Config, ns: argparse.Namespace, sweep: SweepPlan, model: LoadedModel, target: LocalModelTarget, out: TextIO
+) -> int:
     biggest = max(s["max_batch_size"] for s in sweep.steps)
     warm = shared.warm_up(cfg, target, shared.request_source(cfg, model), biggest, StopFlag().event)
-    how = (f"{sweep.step_duration:g}s each" if sweep.step_duration is not None else
-           f"until stable within {100 * sweep.tolerance:g}% ({sweep.min_step:g}-{sweep.max_step:g}s)")
+    how = (
+        f"{sweep.step_duration:g}s each"
+        if sweep.step_duration is not None
+        else f"until stable within {100 * sweep.tolerance:g}% ({sweep.min_step:g}-{sweep.max_step:g}s)"
+    )
     log.info("sweep: %d steps over %s and max batch size, %s", len(sweep.steps), sweep.mode, how)
 
     steps: list[dict[str, Any]] = []
@@ -405,8 +431,15 @@ def _sweep(cfg: Config, ns: argparse.Namespace, sweep: SweepPlan, model: LoadedM
             log.warning("interrupted: reporting the %d step(s) that finished", len(steps))
             break
         steps.append(figures)
-        log.info("step %d %s: %.1f req/s, p99 %s ms, %s%s", i, settings, figures["throughput_rps"],
-                 figures["p99_ms"], figures["bottleneck"], "" if figures["stable"] else " (unstable)")
+        log.info(
+            "step %d %s: %.1f req/s, p99 %s ms, %s%s",
+            i,
+            settings,
+            figures["throughput_rps"],
+            figures["p99_ms"],
+            figures["bottleneck"],
+            "" if figures["stable"] else " (unstable)",
+        )
     if not steps:
         return 130  # interrupted before any step finished (128 + SIGINT)
     knee = find_knee(steps if sweep.one_axis else sorted(steps, key=lambda s: s["throughput_rps"]))

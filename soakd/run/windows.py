@@ -39,7 +39,8 @@ class Delta:
         if base is None:
             return cls(stats.elapsed, stats.elapsed, dict(stats.completed), dict(stats.stages))
         return cls(
-            stats.elapsed, max(0.0, stats.elapsed - base.elapsed),
+            stats.elapsed,
+            max(0.0, stats.elapsed - base.elapsed),
             {k: v - base.completed.get(k, 0) for k, v in stats.completed.items()},
             {s: h - base.stages[s] if s in base.stages else h for s, h in stats.stages.items()},
         )
@@ -100,8 +101,14 @@ class StoreWindow:
     """The state store's open window: the writer thread upserts it at every flush; it rolls over
     every ``length`` seconds. The first non-ok outcome of each kind becomes an event."""
 
-    def __init__(self, read: Callable[[], StatsLike], length: float, run_id: str,
-                 segment: Callable[[], int | None], event: Callable[[str, str], None]) -> None:
+    def __init__(
+        self,
+        read: Callable[[], StatsLike],
+        length: float,
+        run_id: str,
+        segment: Callable[[], int | None],
+        event: Callable[[str, str], None],
+    ) -> None:
         self.read = read
         self.length = length
         self.run_id = run_id

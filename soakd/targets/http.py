@@ -60,8 +60,16 @@ def _reason(exc: BaseException) -> str:
 class HttpTarget:
     """A served model behind one HTTP endpoint. ``open()`` starts the client and checks the URL."""
 
-    def __init__(self, url: str, metrics: Metrics, *, max_connections: int, timeout: float,
-                 content_type: str = "application/json", clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        url: str,
+        metrics: Metrics,
+        *,
+        max_connections: int,
+        timeout: float,
+        content_type: str = "application/json",
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.url = url
         self.spec = f"http:{url}"
         self.max_connections = max_connections
@@ -161,8 +169,9 @@ class HttpTarget:
         except aiohttp.ClientConnectorError as exc:
             raise TargetError(f"target.url: {self.url}: cannot connect ({_reason(exc)})") from None
         except (aiohttp.ClientError, OSError) as exc:
-            raise TargetError(f"target.url: {self.url}: not an HTTP server? ({type(exc).__name__}: "
-                              f"{_reason(exc)})") from None
+            raise TargetError(
+                f"target.url: {self.url}: not an HTTP server? ({type(exc).__name__}: {_reason(exc)})"
+            ) from None
 
     def start(self, done: Done) -> None:
         self._done = done
@@ -298,8 +307,12 @@ class HttpTarget:
             self._down_reason = reason
             self._outages += 1
         self._up.set(0)
-        log.warning("target %s is down: %s (counted as errors; retrying with back-off up to %.0fs)",
-                    self.url, reason, BACKOFF_MAX)
+        log.warning(
+            "target %s is down: %s (counted as errors; retrying with back-off up to %.0fs)",
+            self.url,
+            reason,
+            BACKOFF_MAX,
+        )
 
     # ------------------------------------------------------------------ warm-up, health, summary
 
@@ -351,6 +364,13 @@ class HttpTarget:
         with self._state_lock:
             down = self._down_total + (self._clock() - self._down_since if self._down_since is not None else 0.0)
             outages, up = self._outages, self._down_since is None
-        return {"url": self.url, "api": "http", "up": up, "down_seconds": round(down, 3), "outages": outages,
-                "responses": dict(self._counts), "max_connections": self.max_connections,
-                "timeout_seconds": self.timeout}
+        return {
+            "url": self.url,
+            "api": "http",
+            "up": up,
+            "down_seconds": round(down, 3),
+            "outages": outages,
+            "responses": dict(self._counts),
+            "max_connections": self.max_connections,
+            "timeout_seconds": self.timeout,
+        }

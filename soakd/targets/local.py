@@ -36,8 +36,15 @@ class LocalModelTarget:
     stages = ("queue", "inference")
     batches: Literal[True] = True
 
-    def __init__(self, fn: Callable[[torch.Tensor], Any], device: torch.device, *, spec: str = "",
-                 instances: int = 1, cpu_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        fn: Callable[[torch.Tensor], Any],
+        device: torch.device,
+        *,
+        spec: str = "",
+        instances: int = 1,
+        cpu_threads: int | None = None,
+    ) -> None:
         self.fn = fn
         self.device = device
         self.spec = spec
@@ -84,8 +91,7 @@ class LocalModelTarget:
             torch.cuda.synchronize(self.device)
         return out
 
-    def warm_up(self, inputs: Sequence[torch.Tensor], runs: int, max_batch: int,
-                stop: threading.Event) -> WarmupResult:
+    def warm_up(self, inputs: Sequence[torch.Tensor], runs: int, max_batch: int, stop: threading.Event) -> WarmupResult:
         """``runs`` calls on every worker, cycling the inputs at batch 1 and ``max_batch``.
 
         A model that fails every call is a setup error (ModelLoadError: exit 2, with its own
@@ -121,19 +127,28 @@ class LocalModelTarget:
                 raise ModelLoadError(
                     f"{self.spec or 'the model'} failed all {res.calls} warm-up calls; given input shape "
                     f"{'x'.join(map(str, shape[1:]))} at batch {shape[0]} it raised {type(error).__name__}: "
-                    f"{_one_line(error)} (check --input-shapes / input.shapes)")
+                    f"{_one_line(error)} (check --input-shapes / input.shapes)"
+                )
             return res
 
         results = self._threads.call_all(one)
-        total = WarmupResult(first_seconds=results[0].first_seconds, total_seconds=time.perf_counter() - t0,
-                             calls=sum(r.calls for r in results), failures=sum(r.failures for r in results),
-                             stopped=any(r.stopped for r in results))
+        total = WarmupResult(
+            first_seconds=results[0].first_seconds,
+            total_seconds=time.perf_counter() - t0,
+            calls=sum(r.calls for r in results),
+            failures=sum(r.failures for r in results),
+            stopped=any(r.stopped for r in results),
+        )
         for r in results:
             for kind, n in r.failure_kinds.items():
                 total.failure_kinds[kind] = total.failure_kinds.get(kind, 0) + n
         if total.failures:
-            log.warning("warm-up: %d of %d calls failed (%s); the model is flaky, the soak goes on",
-                        total.failures, total.calls, ", ".join(f"{k} x{n}" for k, n in total.failure_kinds.items()))
+            log.warning(
+                "warm-up: %d of %d calls failed (%s); the model is flaky, the soak goes on",
+                total.failures,
+                total.calls,
+                ", ".join(f"{k} x{n}" for k, n in total.failure_kinds.items()),
+            )
         return total
 
     def measure_offline(self, x: torch.Tensor, seconds: float, max_calls: int, stop: threading.Event) -> float:

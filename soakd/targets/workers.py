@@ -32,8 +32,9 @@ class WorkerThreads:
         self.name = name
         self.init = init
         self._queues: list[queue.SimpleQueue[Job | None]] = [queue.SimpleQueue() for _ in range(self.n)]
-        self._threads = [threading.Thread(target=self._work, args=(i,), name=f"{name}-{i}", daemon=True)
-                         for i in range(self.n)]
+        self._threads = [
+            threading.Thread(target=self._work, args=(i,), name=f"{name}-{i}", daemon=True) for i in range(self.n)
+        ]
         self._served: list[Future[Any]] = []
         self._started = False
         self.died: BaseException | None = None

@@ -129,7 +129,8 @@ class Metrics:
             p + "model_offline_rps", "The model alone at the max batch size after warm-up (requests/s)", registry=r
         )
         self.harness_overhead_ratio = Gauge(
-            p + "harness_overhead_ratio", "soakd's own per-batch work in the model threads over model time",
+            p + "harness_overhead_ratio",
+            "soakd's own per-batch work in the model threads over model time",
             registry=r,
         )
         self.run_info = Gauge(
@@ -209,9 +210,7 @@ class Metrics:
         self.malloc_in_use = Gauge(p + "malloc_in_use_bytes", "glibc malloc: bytes in use", registry=r)
         self.malloc_free = Gauge(p + "malloc_free_bytes", "glibc malloc: free bytes held", registry=r)
         self.tracemalloc_traced = Gauge(p + "tracemalloc_traced_bytes", "Python allocations traced", registry=r)
-        self.gc_collections = MirrorCounter(
-            p + "python_gc_collections_total", "Python GC collections", ["generation"]
-        )
+        self.gc_collections = MirrorCounter(p + "python_gc_collections_total", "Python GC collections", ["generation"])
         r.register(self.gc_collections)
         self.gc_pause = Histogram(
             p + "python_gc_pause_seconds", "Python GC pause", ["generation"], buckets=GC_PAUSE_BUCKETS, registry=r
@@ -220,19 +219,27 @@ class Metrics:
         # ---- network targets
         # Labelled by the target URL, so an in-process run exports none of them (no false "down").
         self.target_up = Gauge(
-            p + "target_up", "1 while the network target answers HTTP; 0 after a refused or reset connection",
-            ["target"], registry=r,
+            p + "target_up",
+            "1 while the network target answers HTTP; 0 after a refused or reset connection",
+            ["target"],
+            registry=r,
         )
         self.target_responses = Counter(
-            p + "target_responses", "Network target answers by HTTP status class (none: no HTTP answer)",
-            ["target", "class"], registry=r,
+            p + "target_responses",
+            "Network target answers by HTTP status class (none: no HTTP answer)",
+            ["target", "class"],
+            registry=r,
         )
         self.target_process_rss = Gauge(
-            p + "target_process_resident_memory_bytes", "Resident set size of a watched server process", ["pid"],
+            p + "target_process_resident_memory_bytes",
+            "Resident set size of a watched server process",
+            ["pid"],
             registry=r,
         )
         self.target_process_uss = Gauge(
-            p + "target_process_unique_memory_bytes", "Unique set size of a watched server process", ["pid"],
+            p + "target_process_unique_memory_bytes",
+            "Unique set size of a watched server process",
+            ["pid"],
             registry=r,
         )
 
@@ -255,11 +262,14 @@ class Metrics:
         self.leak_p_value = Gauge(p + "leak_p_value", "Trend test p-value", ["series"], registry=r)
         self.leak_detectable_slope = Gauge(
             p + "leak_detectable_slope_bytes_per_hour",
-            "Smallest slope the data so far would have caught with 90% probability (NaN: not judged)", ["series"],
+            "Smallest slope the data so far would have caught with 90% probability (NaN: not judged)",
+            ["series"],
             registry=r,
         )
         self.memory_exhaustion_eta = Gauge(
-            p + "memory_exhaustion_eta_seconds", "Time to the limit at the current slope (+Inf: never)", ["series"],
+            p + "memory_exhaustion_eta_seconds",
+            "Time to the limit at the current slope (+Inf: never)",
+            ["series"],
             registry=r,
         )
 

@@ -76,12 +76,17 @@ class ProcFS:
                 mem = self._process.memory_info()
                 cpu = self._process.cpu_times()
                 nfds = self._process.num_fds() if hasattr(self._process, "num_fds") else None
-                return ProcessReading(mem.rss, cpu.user + cpu.system, self._process.num_threads(), nfds,
-                                      int(psutil.virtual_memory().available))
+                return ProcessReading(
+                    mem.rss,
+                    cpu.user + cpu.system,
+                    self._process.num_threads(),
+                    nfds,
+                    int(psutil.virtual_memory().available),
+                )
         rss = int((self.pid_dir / "statm").read_text().split()[1]) * self._page
         stat = (self.pid_dir / "stat").read_text()
         # Fields after the parenthesised command (which may contain spaces): state is field 3.
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         utime, stime, threads = int(fields[11]), int(fields[12]), int(fields[17])
         try:
             fds: int | None = len(os.listdir(self.pid_dir / "fd"))
@@ -107,8 +112,14 @@ class ProcFS:
 class _ProcSampler:
     """A sampler that reads ``/proc`` (or a fake root) into the metrics and the series store."""
 
-    def __init__(self, metrics: Metrics, series: SeriesStore | None, proc: ProcFS | None = None,
-                 *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        series: SeriesStore | None,
+        proc: ProcFS | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.metrics = metrics
         self.series = series
         self.proc = proc if proc is not None else ProcFS()
@@ -167,10 +178,21 @@ class UssSampler(_ProcSampler):
 class MallInfo2(ctypes.Structure):
     """glibc's ``struct mallinfo2`` (2.33+): size_t fields, no 2 GiB wrap like ``mallinfo``."""
 
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd",
-        "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
-    )]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 MallInfoFn = Callable[[], MallInfo2]
@@ -194,8 +216,14 @@ class MallocSampler:
 
     name = "malloc"
 
-    def __init__(self, metrics: Metrics, series: SeriesStore | None, mallinfo2: MallInfoFn | None = None,
-                 *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        series: SeriesStore | None,
+        mallinfo2: MallInfoFn | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.metrics = metrics
         self.series = series
         self._fn = mallinfo2

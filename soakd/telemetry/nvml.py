@@ -66,9 +66,16 @@ class _Gpu:
 class NvmlSampler:
     name = "nvml"
 
-    def __init__(self, metrics: Metrics, series: SeriesStore | None, nvml: Any = None, *,
-                 pid: int | None = None, uuids: Sequence[str] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        series: SeriesStore | None,
+        nvml: Any = None,
+        *,
+        pid: int | None = None,
+        uuids: Sequence[str] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         """``uuids``: the GPUs the model uses, for the leak series (None: every GPU)."""
         self.metrics = metrics
         self.series = series

@@ -92,8 +92,15 @@ class RepeatFilter(logging.Filter):
             logging.getLogger(name).removeFilter(self)
 
 
-_UNITS = (("_bytes", "By"), ("_seconds", "s"), ("_ratio", "1"), ("_hertz", "Hz"), ("_watts", "W"),
-          ("_joules", "J"), ("_celsius", "Cel"))
+_UNITS = (
+    ("_bytes", "By"),
+    ("_seconds", "s"),
+    ("_ratio", "1"),
+    ("_hertz", "Hz"),
+    ("_watts", "W"),
+    ("_joules", "J"),
+    ("_celsius", "Cel"),
+)
 
 
 def otlp_wanted(enabled: bool | None, environ: Mapping[str, str] = os.environ) -> tuple[bool, bool]:
@@ -133,26 +140,43 @@ def registry_to_metrics(registry: CollectorRegistry, start_ns: int, now_ns: int)
     out: list[Metric] = []
     for family in registry.collect():
         if family.type in ("gauge", "info", "stateset"):
-            points = [NumberDataPoint(dict(s.labels), start_ns, now_ns, s.value) for s in family.samples
-                      if not math.isnan(s.value)]
+            points = [
+                NumberDataPoint(dict(s.labels), start_ns, now_ns, s.value)
+                for s in family.samples
+                if not math.isnan(s.value)
+            ]
             if points:
                 out.append(Metric(family.name, family.documentation, _unit(family.name), Gauge(points)))
         elif family.type == "counter":
-            points = [NumberDataPoint(dict(s.labels), start_ns, now_ns, s.value) for s in family.samples
-                      if s.name.endswith("_total")]
+            points = [
+                NumberDataPoint(dict(s.labels), start_ns, now_ns, s.value)
+                for s in family.samples
+                if s.name.endswith("_total")
+            ]
             if points:
-                out.append(Metric(family.name + "_total", family.documentation, _unit(family.name),
-                                  Sum(points, AggregationTemporality.CUMULATIVE, True)))
+                out.append(
+                    Metric(
+                        family.name + "_total",
+                        family.documentation,
+                        _unit(family.name),
+                        Sum(points, AggregationTemporality.CUMULATIVE, True),
+                    )
+                )
         elif family.type == "histogram":
             hist = _histogram_points(family.samples, family.name, start_ns, now_ns)
             if hist:
-                out.append(Metric(family.name, family.documentation, _unit(family.name),
-                                  Histogram(hist, AggregationTemporality.CUMULATIVE)))
+                out.append(
+                    Metric(
+                        family.name,
+                        family.documentation,
+                        _unit(family.name),
+                        Histogram(hist, AggregationTemporality.CUMULATIVE),
+                    )
+                )
     return out
 
 
-def _histogram_points(samples: Iterable[Any], name: str, start_ns: int,
-                      now_ns: int) -> list[HistogramDataPoint]:
+def _histogram_points(samples: Iterable[Any], name: str, start_ns: int, now_ns: int) -> list[HistogramDataPoint]:
     series: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
     for s in samples:
         labels = {k: v for k, v in s.labels.items() if k != "le"}
@@ -170,16 +194,28 @@ def _histogram_points(samples: Iterable[Any], name: str, start_ns: int,
         counts = [cumulative[0]] + [b - a for a, b in itertools.pairwise(cumulative)]
         bounds = [le for le, _ in les if not math.isinf(le)]
         # Prometheus histograms carry no min/max; None leaves the optional OTLP fields unset.
-        points.append(HistogramDataPoint(entry["labels"], start_ns, now_ns, cumulative[-1], entry["sum"],
-                                         counts, bounds, cast(float, None), cast(float, None)))
+        points.append(
+            HistogramDataPoint(
+                entry["labels"],
+                start_ns,
+                now_ns,
+                cumulative[-1],
+                entry["sum"],
+                counts,
+                bounds,
+                cast(float, None),
+                cast(float, None),
+            )
+        )
     return points
 
 
 class RegistryBridge:
     """Exports the registry over OTLP every ``interval`` seconds from its own thread."""
 
-    def __init__(self, registry: CollectorRegistry, resource: Resource, interval: float,
-                 exporter: MetricExporter | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, resource: Resource, interval: float, exporter: MetricExporter | None = None
+    ) -> None:
         if exporter is None:
             # The HTTP exporter pulls in requests and protobuf: only when no exporter is injected.
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -253,7 +289,8 @@ class BatchTracer:
         if self._random() >= self.ratio:
             return
         span = self.tracer.start_span(
-            "batch", start_time=self._offset_ns + int(t_dispatch * 1e9),
+            "batch",
+            start_time=self._offset_ns + int(t_dispatch * 1e9),
             attributes={"soakd.batch_size": size, "soakd.outcome": outcome},
         )
         span.end(end_time=self._offset_ns + int(t_end * 1e9))

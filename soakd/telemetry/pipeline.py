@@ -42,8 +42,9 @@ def gpu_uuids(devices: list[int]) -> list[str] | None:
         return None
 
 
-def run_samplers(cfg: Config, metrics: Metrics, series: SeriesStore,
-                 device: torch.device) -> list[tuple[Sampler, float]]:
+def run_samplers(
+    cfg: Config, metrics: Metrics, series: SeriesStore, device: torch.device
+) -> list[tuple[Sampler, float]]:
     """The samplers of a soak on ``device``, each with its interval."""
     mem = cfg.memory
     devices = cuda_devices(device)
@@ -58,8 +59,10 @@ def run_samplers(cfg: Config, metrics: Metrics, series: SeriesStore,
     if mem.tracemalloc:
         samplers.append(TracemallocSampler(metrics))
     # --watch-pid: the first is the server's main process, the one the leak series follow.
-    samplers += [TargetProcessSampler(metrics, series, pid, leak_series=i == 0)
-                 for i, pid in enumerate(dict.fromkeys(cfg.target.watch_pid))]
+    samplers += [
+        TargetProcessSampler(metrics, series, pid, leak_series=i == 0)
+        for i, pid in enumerate(dict.fromkeys(cfg.target.watch_pid))
+    ]
     out = [(s, mem.interval) for s in samplers]
     if mem.snapshot_interval is not None:
         out.append((TorchCudaSnapshotSampler(metrics, devices), mem.snapshot_interval))
@@ -81,8 +84,14 @@ def resource_attributes(device: torch.device, extra: dict[str, Any] | None = Non
 class Telemetry:
     """The given samplers on one scheduler, and OTLP when asked for."""
 
-    def __init__(self, cfg: Config, metrics: Metrics, samplers: Sequence[tuple[Sampler, float]],
-                 *, resource_attributes: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        metrics: Metrics,
+        samplers: Sequence[tuple[Sampler, float]],
+        *,
+        resource_attributes: dict[str, Any] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.metrics = metrics
         self.scheduler = SamplerScheduler(metrics, sample_timeout=cfg.memory.sample_timeout)

@@ -159,8 +159,16 @@ class SamplerScheduler:
         """Run ``func`` every ``interval`` seconds on this scheduler, outside the sampler
         bookkeeping (no collector_up, no staleness check): for consumers of the samples such as
         the leak monitor (soakd/analysis/monitor.py)."""
-        self._scheduler.add_job(func, "interval", id=f"task-{name}", name=name, seconds=interval,
-                                max_instances=1, coalesce=True, misfire_grace_time=max(1, int(interval)))
+        self._scheduler.add_job(
+            func,
+            "interval",
+            id=f"task-{name}",
+            name=name,
+            seconds=interval,
+            max_instances=1,
+            coalesce=True,
+            misfire_grace_time=max(1, int(interval)),
+        )
 
     def start(self) -> None:
         self._scheduler.start()
@@ -192,7 +200,8 @@ class SamplerScheduler:
             if src.state != "hung":
                 log.warning(
                     "telemetry source %s: sample still running after %.1fs; marked down until it returns",
-                    name, self.sample_timeout,
+                    name,
+                    self.sample_timeout,
                 )
             src.state = "hung"
             src.overran = "sample"
@@ -213,8 +222,9 @@ class SamplerScheduler:
         src.worker.submit(src.sampler.open)
         if not src.worker.wait(self.sample_timeout):
             if src.state != "hung":
-                log.warning("telemetry source %s: open still running after %.1fs; marked down",
-                            src.name, self.sample_timeout)
+                log.warning(
+                    "telemetry source %s: open still running after %.1fs; marked down", src.name, self.sample_timeout
+                )
             src.state = "hung"
             src.overran = "open"
             return False
@@ -226,8 +236,7 @@ class SamplerScheduler:
         if isinstance(err, SourceUnavailable):
             src.state = "absent"
             src.up.set(0)
-            log.info("telemetry source %s unavailable: %s (reported as collector_up 0, not sampled)",
-                     src.name, err)
+            log.info("telemetry source %s unavailable: %s (reported as collector_up 0, not sampled)", src.name, err)
             if self._started:
                 with contextlib.suppress(Exception):  # the job may be gone already
                     self._scheduler.remove_job(src.name)
@@ -242,8 +251,12 @@ class SamplerScheduler:
         src.up.set(0)
         src.failures += 1
         if src.state not in ("failing",):
-            log.warning("telemetry source %s: sample failed: %s: %s (logged once until it recovers)",
-                        src.name, type(err).__name__, err)
+            log.warning(
+                "telemetry source %s: sample failed: %s: %s (logged once until it recovers)",
+                src.name,
+                type(err).__name__,
+                err,
+            )
         else:
             log.debug("telemetry source %s: sample failed again: %s", src.name, err)
         src.state = "failing"

@@ -67,8 +67,15 @@ class TorchCudaSampler:
 
     name = "torch_cuda"
 
-    def __init__(self, metrics: Metrics, series: SeriesStore | None, devices: Sequence[int],
-                 backend: CudaBackend | None = None, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        series: SeriesStore | None,
+        devices: Sequence[int],
+        backend: CudaBackend | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.metrics = metrics
         self.series = series
         self.devices = list(devices)

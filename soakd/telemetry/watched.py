@@ -20,8 +20,16 @@ from soakd.telemetry.series import SeriesStore
 
 
 class TargetProcessSampler:
-    def __init__(self, metrics: Metrics, series: SeriesStore | None, pid: int, *, leak_series: bool = True,
-                 proc_root: str | os.PathLike[str] = "/proc", clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        series: SeriesStore | None,
+        pid: int,
+        *,
+        leak_series: bool = True,
+        proc_root: str | os.PathLike[str] = "/proc",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.name = f"target_process:{pid}"
         self.pid = pid
         self.series = series if leak_series else None

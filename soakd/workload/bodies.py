@@ -34,8 +34,10 @@ class BodySource:
                 raise ConfigError(f"input.samples: {path}: cannot read ({exc.strerror})") from None
             total += len(body)
             if total > MAX_TOTAL_BYTES:
-                raise ConfigError(f"input.samples: {root}: the {' or '.join(extensions)} bodies pass "
-                                  f"{MAX_TOTAL_BYTES >> 20} MiB; use a smaller set")
+                raise ConfigError(
+                    f"input.samples: {root}: the {' or '.join(extensions)} bodies pass "
+                    f"{MAX_TOTAL_BYTES >> 20} MiB; use a smaller set"
+                )
             self.bodies.append(body)
         if not self.bodies:
             raise ConfigError(f"input.samples: {root}: no {' or '.join(extensions)} files to send")

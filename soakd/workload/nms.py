@@ -40,9 +40,7 @@ def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torc
     return order[torch.as_tensor(keep, dtype=torch.int64)]
 
 
-def batched_nms(
-    boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor, iou_threshold: float
-) -> torch.Tensor:
+def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor, iou_threshold: float) -> torch.Tensor:
     """NMS within each class only: boxes of different classes never suppress each other.
 
     Shifts each class's boxes by a multiple of the largest coordinate so classes cannot overlap,

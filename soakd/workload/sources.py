@@ -46,8 +46,13 @@ def build_source(cfg: Config, default_shape: str | None, dtype: torch.dtype) -> 
     """``input.samples`` replays files; else ``input.shapes`` (or the model's default shape)."""
     spec = cfg.input.shapes or default_shape
     if cfg.input.samples is not None:
-        pre = Preprocessor(image_shape(spec), dtype, pad=cfg.input.pad, max_tokens=cfg.input.max_tokens,
-                           max_sample_bytes=cfg.input.max_sample_bytes)
+        pre = Preprocessor(
+            image_shape(spec),
+            dtype,
+            pad=cfg.input.pad,
+            max_tokens=cfg.input.max_tokens,
+            max_sample_bytes=cfg.input.max_sample_bytes,
+        )
         return SampleSource(cfg.input.samples, pre)
     if not spec:
         raise ConfigError(f"input.shapes: {cfg.model.spec} has no default input shape; set --input-shapes")
