@@ -120,17 +120,7 @@ def _memory(doc: ReportDoc) -> str:
         return out[0] + "<p>No memory samples recorded.</p>"
     out.append(
         table(
-            [
-                "series",
-                "first MiB",
-                "last MiB",
-                "min MiB",
-                "max MiB",
-                "trend MiB/h",
-                "leak slope MiB/h",
-                "detectable MiB/h",
-                "verdict",
-            ],
+            sections.MEMORY_HEADER,
             rows,
             numeric_from=1,
         )

@@ -66,18 +66,7 @@ def render_markdown(doc: ReportDoc) -> str:
     if shapes:
         out += [cell(shapes), ""]
     memory = sections.memory_rows(data)
-    header = [
-        "series",
-        "first MiB",
-        "last MiB",
-        "min MiB",
-        "max MiB",
-        "trend MiB/h",
-        "leak slope MiB/h",
-        "detectable MiB/h",
-        "verdict",
-    ]
-    out += ["## Memory", "", table(header, memory) if memory else "No memory samples recorded.", ""]
+    out += ["## Memory", "", table(sections.MEMORY_HEADER, memory) if memory else "No memory samples recorded.", ""]
     events = sections.event_rows(data)
     out += [
         "## Events",

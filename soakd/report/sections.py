@@ -142,6 +142,20 @@ def shapes_line(data: dict[str, Any]) -> str | None:
     return None
 
 
+# The columns of memory_rows, for every renderer.
+MEMORY_HEADER = [
+    "series",
+    "first MiB",
+    "last MiB",
+    "min MiB",
+    "max MiB",
+    "trend MiB/h",
+    "leak slope MiB/h",
+    "detectable MiB/h",
+    "verdict",
+]
+
+
 def memory_rows(data: dict[str, Any]) -> list[list[str]]:
     return [
         [
