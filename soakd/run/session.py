@@ -38,7 +38,7 @@ from soakd.run.verdict import conclude
 from soakd.run.windows import Delta, StoreWindow, WindowRecorder, window_length
 from soakd.summary import write_json_atomic
 from soakd.targets.base import AnyTarget
-from soakd.targets.http import HttpTarget
+from soakd.targets.client import ClientTarget
 from soakd.targets.local import LocalModelTarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.pipeline import Telemetry, cuda_devices, resource_attributes, run_samplers
@@ -218,7 +218,7 @@ class RunSession:
     def _soak_network(
         self,
         life: Lifecycle,
-        target: HttpTarget,
+        target: ClientTarget,
         source: BodySource,
         connect_s: float,
         series: SeriesStore,

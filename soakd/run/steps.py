@@ -8,6 +8,7 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ from soakd.config import Config
 from soakd.fingerprint import fingerprint
 from soakd.models.loader import LoadedModel, load_model
 from soakd.targets.base import WarmupResult
+from soakd.targets.client import ClientTarget
 from soakd.targets.http import HttpTarget
 from soakd.targets.local import LocalModelTarget
 from soakd.telemetry.catalogue import Metrics
@@ -151,12 +153,23 @@ def export_run_info(metrics: Metrics, run_id: str, cfg: Config, model: LoadedMod
 OPEN_LOOP_CONNECTIONS = 256  # open loop's default pool: past it, requests wait (the queue stage)
 
 
-def open_network_target(cfg: Config, metrics: Metrics) -> tuple[HttpTarget, float]:
+def _http_target(cfg: Config, metrics: Metrics, limit: int) -> ClientTarget:
+    assert cfg.target.url is not None
+    return HttpTarget(cfg.target.url, metrics, max_connections=limit, timeout=cfg.target.timeout)
+
+
+# One client per --api: (the target, built from the config and the connection limit).
+PROTOCOLS: dict[str, Callable[[Config, Metrics, int], ClientTarget]] = {
+    "http": _http_target,
+}
+
+
+def open_network_target(cfg: Config, metrics: Metrics) -> tuple[ClientTarget, float]:
     """The client of a served model, its URL checked (TargetError naming it when nothing answers)."""
     tg = cfg.target
     assert tg.url is not None
     limit = tg.max_connections or (OPEN_LOOP_CONNECTIONS if cfg.load.open_loop else cfg.load.concurrency or 1)
-    target = HttpTarget(tg.url, metrics, max_connections=limit, timeout=tg.timeout)
+    target = PROTOCOLS[tg.api](cfg, metrics, limit)
     seconds = target.open()
     log.info(
         "target %s (api %s): reachable in %.3fs; up to %d connections, %.0fs timeout per request",
@@ -178,7 +191,7 @@ def body_source(cfg: Config) -> BodySource:
 
 
 def warm_up_target(
-    cfg: Config, target: HttpTarget, source: BodySource, stop: threading.Event, metrics: Metrics | None = None
+    cfg: Config, target: ClientTarget, source: BodySource, stop: threading.Event, metrics: Metrics | None = None
 ) -> WarmupResult:
     """``model.warmup`` requests one by one, kept out of the histograms and counters."""
     res = target.warm_up(source.bodies, cfg.model.warmup, stop)
