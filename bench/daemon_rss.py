@@ -1,5 +1,7 @@
 """The daemon's own memory over a run (issue #6): `soakd run --model builtin:noop --rate 1000`
-as a subprocess, its RSS read from /proc every few seconds, and the slope after warm-up.
+as a subprocess, its RSS read from /proc every few seconds, and the slope after warm-up. With
+``--http-target`` soakd drives bench/minimal_server.py over ``--api http`` instead (issue #15):
+the network client's memory, its pool and per-request tasks included.
 
 Goal: flat within 1 MiB/h after warm-up over one hour (``--duration 1h --warmup 10m``). The
 default is a shorter run; its slope is noisier (a few MiB/h of allocator settling reads as
@@ -12,6 +14,7 @@ soakd's own glibc figures from /metrics (bytes in use against bytes held from th
 tell growing data from allocator retention.
 
     .venv/bin/python bench/daemon_rss.py [--duration 3m] [--warmup 60s] [--rate 1000] [--scrape 15s]
+        [--http-target]
 """
 
 from __future__ import annotations
@@ -71,20 +74,36 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=1000.0)
     ap.add_argument("--interval", default="2s", help="RSS read interval")
     ap.add_argument("--scrape", default="15s", help="/metrics scrape interval, as Prometheus would")
+    ap.add_argument(
+        "--http-target",
+        action="store_true",
+        help="drive bench/minimal_server.py over --api http instead of builtin:noop in-process",
+    )
     args = ap.parse_args()
     duration, warmup, interval, every = (
         parse_duration(v) for v in (args.duration, args.warmup, args.interval, args.scrape)
     )
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
+    server: subprocess.Popen[bytes] | None = None
     with tempfile.TemporaryDirectory() as d:
+        what = ["--model", "builtin:noop"]
+        if args.http_target:
+            sport = free_port()
+            server_py = str(Path(__file__).with_name("minimal_server.py"))
+            server = subprocess.Popen([sys.executable, server_py, str(sport)], stdout=subprocess.PIPE)
+            assert server.stdout is not None
+            server.stdout.readline()  # "ready PORT"
+            (Path(d) / "samples").mkdir()
+            (Path(d) / "samples" / "one.json").write_text('{"x": 1}')
+            target = f"http://127.0.0.1:{sport}/ok"
+            what = ["--target", target, "--api", "http", "--samples", str(Path(d) / "samples")]
         cmd = [
             sys.executable,
             "-m",
             "soakd",
             "run",
-            "--model",
-            "builtin:noop",
+            *what,
             "--rate",
             str(args.rate),
             "--arrival",
@@ -124,16 +143,20 @@ def main() -> None:
             proc.send_signal(signal.SIGTERM)
             rc = proc.wait(120)
             log.close()
+            if server is not None:
+                server.terminate()
+                server.wait(10)
         t, r = np.asarray(ts), np.asarray(rss, dtype=np.float64)
         keep = t >= warmup
         if keep.sum() < 3:
             raise SystemExit("run too short for a slope after warm-up")
         mib = r / 2**20
         slope = slope_mib_per_hour(t[keep], mib[keep])
+        what_name = "--api http to bench/minimal_server.py" if args.http_target else "builtin:noop"
         mid = (warmup + t[-1]) / 2
         first, second = keep & (t < mid), t >= mid
         print(
-            f"builtin:noop at {args.rate:g} req/s for {duration:.0f}s, /metrics scraped every {every:g}s "
+            f"{what_name} at {args.rate:g} req/s for {duration:.0f}s, /metrics scraped every {every:g}s "
             f"(exit {rc}): RSS {mib[keep][0]:.1f} MiB after {warmup:.0f}s warm-up, {mib[-1]:.1f} MiB at the "
             f"end, max {mib.max():.1f} MiB"
         )
