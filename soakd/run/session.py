@@ -136,7 +136,7 @@ class RunSession:
         """A served model: open the client and check the URL instead of loading a model."""
         cfg = self.cfg
         self.health.starting = "starting: connecting to and warming up the target"
-        source = steps.body_source(cfg)  # no bodies: exit 2 before anything connects
+        source = steps.network_source(cfg)  # nothing to send: exit 2 before anything connects
         target, connect_s = steps.open_network_target(cfg, self.metrics)
         self.health.target_down = target.down_reason
         self.target_summary = target.summary

@@ -182,6 +182,11 @@ def open_network_target(cfg: Config, metrics: Metrics) -> tuple[ClientTarget, fl
     return target, seconds
 
 
+def network_source(cfg: Config) -> BodySource:
+    """What a network target sends, per --api; ConfigError (exit 2) before anything connects."""
+    return body_source(cfg)
+
+
 def body_source(cfg: Config) -> BodySource:
     """The request bodies ``--samples`` holds; ConfigError naming the dir when it holds none."""
     assert cfg.input.samples is not None  # config validation requires it for --api http

@@ -33,9 +33,10 @@ from soakd.models.loader import LoadedModel
 from soakd.run import steps as shared
 from soakd.run.stop import StopFlag
 from soakd.summary import write_json_atomic
-from soakd.targets.local import LocalModelTarget
+from soakd.targets.base import AnyTarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.histogram import HistSnapshot
+from soakd.workload.sources import RequestSource
 
 log = logging.getLogger("soakd.sweep")
 
@@ -207,15 +208,27 @@ def is_stable(marks: list[Mark], tolerance: float) -> bool:
     return True
 
 
-def run_step(
-    model: LoadedModel, target: LocalModelTarget, cfg: Config, sweep: SweepPlan, settings: dict[str, Any]
-) -> StepResult:
+@dataclass
+class SweepTarget:
+    """What every step drives: an in-process model (``model`` set) or a served one."""
+
+    target: AnyTarget
+    source: Callable[[Config], RequestSource]  # a step's request source, from its config
+    model: LoadedModel | None = None
+
+    @property
+    def cuda(self) -> bool:
+        return self.model is not None and self.model.device.type == "cuda"
+
+
+def run_step(st: SweepTarget, cfg: Config, sweep: SweepPlan, settings: dict[str, Any]) -> StepResult:
     step_cfg = step_config(cfg, settings)
     metrics = Metrics()
-    engine = Engine(target, shared.request_source(step_cfg, model), step_cfg, metrics)
+    engine = Engine(st.target, st.source(step_cfg), step_cfg, metrics)
     result = StepResult(settings, workers=step_cfg.input.preprocess_workers)
-    cuda = model.device.type == "cuda"
-    if cuda:
+    cuda = st.cuda
+    model = st.model
+    if cuda and model is not None:
         # Give back what earlier steps cached, so each step's peak is what its own batches need.
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(model.device)
@@ -246,7 +259,7 @@ def run_step(
     if not drained:
         log.warning("step %s: drain timed out with %d requests in flight", settings, engine.inflight)
     result.stable = is_stable(result.marks, sweep.tolerance)
-    if cuda:
+    if cuda and model is not None:
         result.peak_gpu = int(torch.cuda.max_memory_reserved(model.device))
     return result
 
@@ -402,20 +415,43 @@ def _describe(s: dict[str, Any], mode: str) -> str:
 
 
 def sweep_command(cfg: Config, ns: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    """Load and warm up once (the run session's own steps), then each step on the same target."""
+    """Load (or connect) and warm up once (the run session's own steps), then each step on the
+    same target."""
     sweep = plan(cfg, ns)
+    if cfg.target.url is not None:
+        return _sweep_network(cfg, ns, sweep, out)
     model, target = shared.load_target(cfg)
     try:
-        return _sweep(cfg, ns, sweep, model, target, out)
+        biggest = max(s["max_batch_size"] for s in sweep.steps)
+        warm = shared.warm_up(cfg, target, shared.request_source(cfg, model), biggest, StopFlag().event)
+        st = SweepTarget(target, lambda c: shared.request_source(c, model), model)
+        return _sweep(cfg, ns, sweep, st, shared.cold_start(model, warm, cfg.model.warmup), out)
+    finally:
+        target.close()
+
+
+def _sweep_network(cfg: Config, ns: argparse.Namespace, sweep: SweepPlan, out: TextIO) -> int:
+    """A served model: the server batches, so only the load is swept; one client for all steps,
+    its pool sized for the largest step."""
+    if len({s["max_batch_size"] for s in sweep.steps}) > 1:
+        raise ConfigError("--max-batch-size: a served model batches on the server; sweep --concurrency or --rate")
+    source = shared.network_source(cfg)
+    opened = copy.deepcopy(cfg)
+    if sweep.mode == "concurrency":
+        opened.load.concurrency = max(int(s["concurrency"]) for s in sweep.steps)
+        opened.load.rate = None
+    target, connect_s = shared.open_network_target(opened, Metrics())
+    try:
+        warm = shared.warm_up_target(cfg, target, source, StopFlag().event)
+        st = SweepTarget(target, lambda _c: source)
+        return _sweep(cfg, ns, sweep, st, shared.target_cold_start(connect_s, warm, cfg.model.warmup), out)
     finally:
         target.close()
 
 
 def _sweep(
-    cfg: Config, ns: argparse.Namespace, sweep: SweepPlan, model: LoadedModel, target: LocalModelTarget, out: TextIO
+    cfg: Config, ns: argparse.Namespace, sweep: SweepPlan, st: SweepTarget, cold: dict[str, Any], out: TextIO
 ) -> int:
-    biggest = max(s["max_batch_size"] for s in sweep.steps)
-    warm = shared.warm_up(cfg, target, shared.request_source(cfg, model), biggest, StopFlag().event)
     how = (
         f"{sweep.step_duration:g}s each"
         if sweep.step_duration is not None
@@ -426,7 +462,7 @@ def _sweep(
     steps: list[dict[str, Any]] = []
     for i, settings in enumerate(sweep.steps):
         try:
-            figures = step_figures(i, run_step(model, target, cfg, sweep, settings))
+            figures = step_figures(i, run_step(st, cfg, sweep, settings))
         except KeyboardInterrupt:
             log.warning("interrupted: reporting the %d step(s) that finished", len(steps))
             break
@@ -444,7 +480,12 @@ def _sweep(
         return 130  # interrupted before any step finished (128 + SIGINT)
     knee = find_knee(steps if sweep.one_axis else sorted(steps, key=lambda s: s["throughput_rps"]))
     rec = recommend(steps, sweep.slo_p99_ms, knee, prefer_stable=sweep.step_duration is None)
-    run_fp = shared.run_fingerprint(cfg, shared.new_run_id(), model)
+    run_id = shared.new_run_id()
+    run_fp = (
+        shared.run_fingerprint(cfg, run_id, st.model)
+        if st.model is not None
+        else shared.target_fingerprint(cfg, run_id)
+    )
     result = {
         "mode": sweep.mode,
         "slo_p99_ms": sweep.slo_p99_ms,
@@ -453,7 +494,7 @@ def _sweep(
         "steps": steps,
         "knee": knee,
         "recommendation": rec,
-        "cold_start": shared.cold_start(model, warm, cfg.model.warmup),
+        "cold_start": cold,
         "run": run_fp,
     }
     if ns.json_out:
