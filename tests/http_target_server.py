@@ -41,6 +41,7 @@ REGISTRY = CollectorRegistry()
 KV_CACHE = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage", ["model_name"], registry=REGISTRY)
 WAITING = Gauge("vllm:num_requests_waiting", "Requests waiting", ["model_name"], registry=REGISTRY)
 QUEUE_US = Counter("nv_inference_queue_duration_us", "Queue time", ["model"], registry=REGISTRY)
+QUEUE_US.labels("detector")  # exported from the start, at 0, as Triton does
 STARTED = time.monotonic()
 CREEP = [0.0]  # --creep: KV-cache usage gained per second
 

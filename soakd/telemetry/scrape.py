@@ -119,7 +119,8 @@ class ScrapeSampler:
             self._missing_logged = True
             missing = [n for n in self.names if n not in page]
             if missing:
-                log.info("scrape %s: not exported there, not sampled: %s", self.url, ", ".join(missing))
+                why = "not exported there (yet), not sampled until it is"
+                log.info("scrape %s: %s: %s", self.url, why, ", ".join(missing))
 
     def close(self) -> None:
         pass
