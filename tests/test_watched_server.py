@@ -23,6 +23,7 @@ from test_http_target import Server, run_soakd
 from soakd.analysis.monitor import LeakMonitor
 from soakd.config import LeakConfig
 from soakd.errors import TargetError
+from soakd.report.sections import memory_rows
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.scrape import ScrapeSampler, parse_page
 from soakd.telemetry.series import SeriesStore
@@ -333,3 +334,24 @@ def test_scraped_gauge_that_creeps_is_flagged(creeping: Server, bodies: Path, tm
     assert log.count(f"not exported there (yet), not sampled until it is: {missing}") == 1
     assert log.count(f"telemetry source scrape:{dead}: sample failed") == 1
     assert "leak suspected in target_metric:vllm:kv_cache_usage_perc" in log
+
+
+def test_report_shows_a_scraped_gauge_in_its_own_unit() -> None:
+    """The report's memory table: bytes in MiB, a scraped gauge (a ratio here) as it is."""
+    data = {
+        "memory": {
+            "target_rss": {"first": 100 * MIB, "last": 110 * MIB, "min": 100 * MIB, "max": 110 * MIB},
+            "target_metric:vllm:kv_cache_usage_perc": {
+                "first": 0.2,
+                "last": 0.52,
+                "min": 0.2,
+                "max": 0.52,
+                "slope_bytes_per_hour": 14.4,
+                "verdict": "leak",
+            },
+        }
+    }
+    rss, kv = memory_rows(data)
+    assert rss[:3] == ["target_rss", "100.0", "110.0"]
+    assert kv[:3] == ["target_metric:vllm:kv_cache_usage_perc (own unit)", "0.2", "0.52"]
+    assert kv[6] == "+14.4"
