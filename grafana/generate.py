@@ -525,6 +525,121 @@ def overview() -> Json:
             min_=0,
             description="Requests waiting in the batcher.",
         ),
+        row("Served model"),
+        state_timeline(
+            "Target up",
+            [target(f"soakd_target_up{{{SEL}}}", "{{instance}} {{target}}")],
+            OK_BAD,
+            w=8,
+            description="A network target (--target URL): 0 after a refused or reset connection, until it answers "
+            "again. SoakdTargetDown fires after 1 minute down.",
+        ),
+        panel(
+            "Target answers by status class",
+            [
+                target(
+                    f"sum by (instance, class) (rate(soakd_target_responses_total{{{SEL}}}[$__rate_interval]))",
+                    "{{instance}} {{class}}",
+                ),
+            ],
+            "reqps",
+            w=8,
+            min_=0,
+            stack=True,
+            description="HTTP answers per second by class; none: no HTTP answer (refused, reset, timed out).",
+        ),
+        panel(
+            "Served model memory (watched)",
+            [
+                target(f"soakd_target_process_resident_memory_bytes{{{SEL}}}", "{{instance}} pid {{pid}} RSS"),
+                target(f"soakd_target_process_unique_memory_bytes{{{SEL}}}", "{{instance}} pid {{pid}} USS"),
+            ],
+            "bytes",
+            w=8,
+            min_=0,
+            description="--watch-pid / --watch-unit: the server process's host memory. A new pid is a restart "
+            "(the unit's new MainPID). Memory dashboard: its GPU memory and scraped gauges.",
+        ),
+        row("LLM streams"),
+        *[
+            panel(
+                title,
+                [
+                    target(
+                        f"histogram_quantile({q}, sum by (instance, le) (rate({metric}_bucket{{{SEL}}}[$__rate_interval])))",
+                        f"{{{{instance}}}} p{round(q * 100)}",
+                    )
+                    for q in (0.5, 0.9, 0.99)
+                ],
+                "s",
+                w=8,
+                min_=0,
+                description=description,
+            )
+            for title, metric, description in (
+                (
+                    "Time to first token",
+                    "soakd_time_to_first_token_seconds",
+                    "From the intended send time to the first content token of a streamed answer.",
+                ),
+                (
+                    "Inter-token latency",
+                    "soakd_inter_token_latency_seconds",
+                    "Gaps between consecutive tokens of a stream.",
+                ),
+                (
+                    "Time per output token",
+                    "soakd_time_per_output_token_seconds",
+                    "Per request: (e2e - TTFT) / (output tokens - 1).",
+                ),
+            )
+        ],
+        panel(
+            "Tokens per second",
+            [
+                target(
+                    f"sum by (instance, kind) (rate(soakd_tokens_total{{{SEL}}}[$__rate_interval]))",
+                    "{{instance}} {{kind}}",
+                ),
+            ],
+            "short",
+            w=8,
+            min_=0,
+            description="Input (prompt) and output tokens per second, from the server's usage or the stream.",
+        ),
+        panel(
+            "Goodput",
+            [
+                target(
+                    f"sum by (instance) (rate(soakd_goodput_requests_total{{{SEL}}}[$__rate_interval]))",
+                    "{{instance}} goodput",
+                ),
+                target(
+                    f"sum by (instance) (rate(soakd_requests_total{{{SEL}}}[$__rate_interval]))",
+                    "{{instance}} all requests",
+                ),
+            ],
+            "reqps",
+            w=8,
+            min_=0,
+            description="Requests per second that met every per-request SLO of [slo] (TTFT, TPOT), beside all "
+            "completed requests.",
+        ),
+        panel(
+            "Goodput share",
+            [
+                target(
+                    f"sum by (instance) (rate(soakd_goodput_requests_total{{{SEL}}}[$__rate_interval]))\n/\n"
+                    f"sum by (instance) (rate(soakd_requests_total{{{SEL}}}[$__rate_interval]))",
+                    "{{instance}}",
+                ),
+            ],
+            "percentunit",
+            w=8,
+            min_=0,
+            max_=1,
+            description="Share of completed requests that met the per-request SLOs.",
+        ),
         row("Memory verdicts"),
         state_timeline(
             "Leak verdicts",
@@ -923,6 +1038,51 @@ def memory() -> Json:
             w=6,
             min_=0,
             description="CPU cores busy in soakd (1 = one core).",
+        ),
+        row("Served model (watched process)"),
+        panel(
+            "Served model resident and unique memory",
+            [
+                target(f"soakd_target_process_resident_memory_bytes{{{SEL}}}", "{{instance}} pid {{pid}} RSS"),
+                target(f"soakd_target_process_unique_memory_bytes{{{SEL}}}", "{{instance}} pid {{pid}} USS"),
+            ],
+            "bytes",
+            w=12,
+            min_=0,
+            description="--watch-pid / --watch-unit, from /proc. The first watched process is the leak series "
+            "target_rss / target_uss; a unit's restart starts a new pid (and a new level the verdict judges from).",
+        ),
+        panel(
+            "Served model GPU memory",
+            [
+                target(f"soakd_target_gpu_process_memory_bytes{{{GPU_SEL}}}", "{{instance}} pid {{pid}} GPU {{gpu}}"),
+            ],
+            "bytes",
+            w=12,
+            min_=0,
+            description="NVML's per-process list for the watched processes (leak series target_gpu_memory: the main "
+            "process over all GPUs). Empty for a process without a CUDA context, or in a container that cannot "
+            "see the host's pids.",
+        ),
+        panel(
+            "Server gauges (scraped)",
+            [
+                target(f"soakd_target_metric{{{SEL}}}", "{{instance}} {{name}}"),
+            ],
+            "short",
+            w=12,
+            description="--scrape URL: the served model's own gauges (target.scrape_metrics), summed over their "
+            "labels; counters as their rate per second. Each is the leak series target_metric:NAME.",
+        ),
+        state_timeline(
+            "Served model leak verdicts",
+            [
+                target(f'soakd_leak_suspected{{{SEL}, series=~"target_.*"}}', "{{instance}} {{series}}"),
+            ],
+            value_map({"0": ("no trend", "green"), "1": ("leak suspected", "red")}),
+            w=12,
+            description="The trend test on the served model's series. SoakdTargetLeakSuspected fires after 15 "
+            "minutes suspected.",
         ),
         row("Leak verdicts"),
         panel(

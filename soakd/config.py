@@ -33,7 +33,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 
 from soakd.errors import ConfigError
-from soakd.names import LEAK_SERIES, STAGES
+from soakd.names import LEAK_SERIES, STAGES, TARGET_METRIC_PREFIX
 from soakd.specs import (
     BUILTIN_DEFAULT_SHAPES,
     check_crontab,
@@ -248,6 +248,17 @@ class CompareConfig:
     resamples: int = 2000
 
 
+# Server gauges kept from --scrape by default: what creeps when a server leaks or backs up.
+# vLLM renamed its KV-cache gauge (gpu_ -> kv_): both are listed, a missing name is not sampled.
+SCRAPE_METRICS = (
+    "vllm:gpu_cache_usage_perc",
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_requests_waiting",
+    "nv_gpu_memory_used_bytes",
+    "nv_inference_queue_duration_us",
+)
+
+
 @dataclass
 class TargetConfig:
     """A served model instead of ``[model]`` (soakd/targets/): soakd is then only the client."""
@@ -258,6 +269,10 @@ class TargetConfig:
     timeout: float = _duration(30.0)  # per request, connection wait included; later: outcome timeout
     max_connections: int | None = None  # None: load.concurrency (closed loop) or 256 (open loop)
     watch_pid: list[int] = field(default_factory=list)  # server processes whose RSS/USS are sampled
+    watch_unit: list[str] = field(default_factory=list)  # systemd units: their MainPID, followed across restarts
+    scrape: list[str] = field(default_factory=list)  # the server's own Prometheus endpoints
+    scrape_metrics: list[str] = field(default_factory=lambda: list(SCRAPE_METRICS))  # the gauges kept
+    scrape_timeout: float = _duration(1.0)  # per scrape; a slow endpoint is a failed sample, not a stall
 
 
 @dataclass
@@ -770,6 +785,22 @@ def _validate_target(cfg: Config) -> None:
     tg = cfg.target
     for pid in tg.watch_pid:
         _require(pid >= 1, f"target.watch_pid: expected process ids >= 1, got {pid}")
+    for unit in tg.watch_unit:
+        _require(
+            bool(unit.strip()) and not unit.startswith("-") and "=" not in unit,
+            f"target.watch_unit: expected a systemd unit name, got {unit!r}",
+        )
+    for url in tg.scrape:
+        _require(
+            re.fullmatch(r"https?://[^/\s]+(/\S*)?", url) is not None,
+            f"target.scrape: expected http://HOST:PORT/metrics, got {url!r}",
+        )
+    for name in tg.scrape_metrics:
+        _require(
+            re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", name) is not None,
+            f"target.scrape_metrics: {name!r} is not a Prometheus metric name",
+        )
+    _require(tg.scrape_timeout <= 30, f"target.scrape_timeout: at most 30s, got {tg.scrape_timeout}s")
     _require(
         tg.max_connections is None or tg.max_connections >= 1,
         f"target.max_connections: must be >= 1, got {tg.max_connections}",
@@ -797,9 +828,9 @@ def _validate_target(cfg: Config) -> None:
 
 def _validate_leak(lk: LeakConfig) -> None:
     for name, floor in lk.min_slope_bytes_per_hour.items():
-        known = ", ".join(("default", *LEAK_SERIES))
+        known = ", ".join(("default", *LEAK_SERIES, TARGET_METRIC_PREFIX + "NAME"))
         _require(
-            name in LEAK_SERIES or name == "default",
+            name in LEAK_SERIES or name == "default" or name.startswith(TARGET_METRIC_PREFIX),
             f"leak.min_slope_bytes_per_hour.{name}: unknown series (known: {known})",
         )
         _require(floor >= 0, f"leak.min_slope_bytes_per_hour.{name}: must be >= 0, got {floor}")

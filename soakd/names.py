@@ -15,4 +15,8 @@ LEAK_SERIES = (
     "gpu_memory_used",
     "target_rss",  # a served model: the first --watch-pid (the server's main process)
     "target_uss",
+    "target_gpu_memory",  # NVML's per-process list: that process's sum over GPUs
 )
+# A scraped server gauge (--scrape URL) is the leak series TARGET_METRIC_PREFIX + its name,
+# judged in its own unit: e.g. "target_metric:vllm:num_requests_waiting".
+TARGET_METRIC_PREFIX = "target_metric:"

@@ -1,10 +1,14 @@
 """A plain HTTP server for ``--api http`` tests, run in its own process:
-``python tests/http_target_server.py PORT [--pause-every S --pause-ms MS]``.
+``python tests/http_target_server.py PORT [--pause-every S --pause-ms MS] [--creep PER_S]``.
 
 POST /ok answers 200; POST /mixed answers 200, 200, 404, 503 in turn; POST /stall answers 200,
 but every S seconds the whole server pauses MS milliseconds (a GC pause, a reload) and a request
 that arrives then waits it out. GET /stats: {"requests": n, "held": requests that waited on a
-pause}. HEAD answers 200. It prints "ready PORT" once it listens; keep-alive (HTTP/1.1).
+pause}. GET /metrics: a Prometheus page (prometheus_client's own text format), as a vLLM or
+Triton server has: ``vllm:kv_cache_usage_perc`` rising by ``--creep PER_S`` from 0.2 (a
+server whose cache fills up), ``vllm:num_requests_waiting`` flat at 3, and the counter
+``nv_inference_queue_duration_us`` growing 1000 per POST. HEAD answers 200.
+It prints "ready PORT" once it listens; keep-alive (HTTP/1.1).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 MIXED = (200, 200, 404, 503)
 
@@ -31,6 +37,19 @@ class State:
 
 
 STATE = State()
+REGISTRY = CollectorRegistry()
+KV_CACHE = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage", ["model_name"], registry=REGISTRY)
+WAITING = Gauge("vllm:num_requests_waiting", "Requests waiting", ["model_name"], registry=REGISTRY)
+QUEUE_US = Counter("nv_inference_queue_duration_us", "Queue time", ["model"], registry=REGISTRY)
+QUEUE_US.labels("detector")  # exported from the start, at 0, as Triton does
+STARTED = time.monotonic()
+CREEP = [0.0]  # --creep: KV-cache usage gained per second
+
+
+def metrics_page() -> bytes:
+    KV_CACHE.labels("m").set(0.2 + CREEP[0] * (time.monotonic() - STARTED))
+    WAITING.labels("m").set(3)
+    return generate_latest(REGISTRY)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -53,7 +72,14 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_GET(self) -> None:
-        if self.path == "/stats":
+        if self.path == "/metrics":
+            body = metrics_page()
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        elif self.path == "/stats":
             with STATE.lock:
                 body = json.dumps({"requests": STATE.requests, "held": STATE.held}).encode()
             self._answer(200, body)
@@ -64,6 +90,7 @@ class Handler(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         with STATE.lock:
             STATE.requests += 1
+            QUEUE_US.labels("detector").inc(1000)
             status = next(STATE.mixed) if self.path == "/mixed" else 200
         if self.path == "/stall" and STATE.paused.is_set():
             with STATE.lock:
@@ -88,7 +115,9 @@ def main() -> None:
     ap.add_argument("port", type=int)
     ap.add_argument("--pause-every", type=float, default=0.0)
     ap.add_argument("--pause-ms", type=float, default=0.0)
+    ap.add_argument("--creep", type=float, default=0.0)
     args = ap.parse_args()
+    CREEP[0] = args.creep
     ThreadingHTTPServer.request_queue_size = 256  # listen backlog (default 5): no SYN dropped, no 1 s retry
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     server.daemon_threads = True

@@ -1,9 +1,11 @@
 """The dashboards and rules against a real Prometheus scraping a real soakd.
 
-One session for the module: soakd (open loop, so schedule lag has data too) and Prometheus
-(scrape and rule evaluation every second, the repo's rule files loaded). Then every PromQL
-expression of every dashboard panel goes through Prometheus' HTTP API with Grafana's variables
-substituted, as Grafana would send it.
+One session for the module: two soakd runs (an in-process model in open loop, so schedule lag
+has data too; and a network soak of tests/http_target_server.py with its process watched and its
+/metrics scraped, for the served-model panels) and Prometheus scraping both (scrape and rule
+evaluation every second, the repo's rule files loaded). Then every PromQL expression of every
+dashboard panel goes through Prometheus' HTTP API with Grafana's variables substituted, as
+Grafana would send it, with $instance selecting both soakd runs.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import math
 import re
 import shutil
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -33,7 +36,12 @@ pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="needs Prometheus (De
 
 DASHBOARDS = sorted((REPO / "grafana" / "dashboards").glob("*.json"))
 # Panels on these metrics need a CUDA device / NVML: they may be empty on a CPU-only host.
-GPU_METRIC = re.compile(r"\bsoakd_(torch_cuda|gpu)_\w+")
+GPU_METRIC = re.compile(r"\bsoakd_(torch_cuda|gpu|target_gpu)_\w+")
+# Panels on LLM streams need an --api openai target (not this session's --api http one).
+LLM_METRIC = re.compile(
+    r"\bsoakd_(time_to_first_token|inter_token_latency|time_per_output_token)_seconds|\bsoakd_(tokens|goodput_requests)_total"
+)
+HTTP_SERVER = REPO / "tests" / "http_target_server.py"
 # How long non-GPU panels may take to get data (leak verdicts need warm-up plus a window).
 DATA_DEADLINE_S = 75.0
 
@@ -41,6 +49,8 @@ DATA_DEADLINE_S = 75.0
 @dataclass
 class Stack:
     soakd: Daemon
+    net: Daemon  # the network soak: --target ... --api http --watch-pid --scrape
+    server: subprocess.Popen[str]
     prom_url: str
     prom_proc: subprocess.Popen[bytes]
     prom_log: Path
@@ -49,6 +59,10 @@ class Stack:
     @property
     def instance(self) -> str:
         return f"127.0.0.1:{self.soakd.port}"
+
+    @property
+    def net_instance(self) -> str:
+        return f"127.0.0.1:{self.net.port}"
 
     def api(self, path: str, **params: str) -> Any:
         url = f"{self.prom_url}/api/v1/{path}"
@@ -96,6 +110,42 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         ],
         tmp,
     )
+    # The served model: the plain HTTP target server, whose /metrics a vLLM-like page.
+    server_port = free_port()
+    server = subprocess.Popen([sys.executable, str(HTTP_SERVER), str(server_port)], stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None and server.stdout.readline().startswith("ready"), "target server"
+    bodies = tmp / "bodies"
+    bodies.mkdir()
+    (bodies / "a.json").write_text('{"inputs": [1, 2, 3]}')
+    net = Daemon(
+        [
+            "--config",
+            str(config_toml),
+            "--target",
+            f"http://127.0.0.1:{server_port}/ok",
+            "--api",
+            "http",
+            "--samples",
+            str(bodies),
+            "--warmup",
+            "0",
+            "--rate",
+            "50",
+            "--memory-interval",
+            "1s",
+            "--leak-warmup",
+            "5s",
+            "--leak-window",
+            "20s",
+            "--watch-pid",
+            str(server.pid),
+            "--scrape",
+            f"http://127.0.0.1:{server_port}/metrics",
+            "--state-dir",
+            str(tmp / "net-state"),
+        ],
+        tmp,
+    )
     prom_port = free_port()
     config = tmp / "prometheus.yml"
     config.write_text(
@@ -104,7 +154,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
                 "rule_files": [str(REPO / "prometheus" / "rules" / "*.yml")],
                 "scrape_configs": [
-                    {"job_name": "soakd", "static_configs": [{"targets": [f"127.0.0.1:{soakd.port}"]}]},
+                    {
+                        "job_name": "soakd",
+                        "static_configs": [{"targets": [f"127.0.0.1:{soakd.port}", f"127.0.0.1:{net.port}"]}],
+                    },
                 ],
             }
         )
@@ -122,9 +175,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    s = Stack(soakd, f"http://127.0.0.1:{prom_port}", prom, prom_log, time.monotonic())
+    s = Stack(soakd, net, server, f"http://127.0.0.1:{prom_port}", prom, prom_log, time.monotonic())
     try:
         _wait_serving(soakd)
+        _wait_serving(net)
 
         def prometheus_ready() -> bool:
             if prom.poll() is not None:
@@ -134,9 +188,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 return status == 200
 
         wait_for(prometheus_ready, 30, what="Prometheus to be ready")
-        wait_for(lambda: _values(s.query('up{job="soakd"} == 1')), 30, what="Prometheus to scrape soakd")
+        wait_for(lambda: len(_values(s.query('up{job="soakd"} == 1'))) == 2, 30, what="Prometheus to scrape soakd")
         yield s
     finally:
+        net.stop()
+        server.kill()
+        server.wait()
         prom.terminate()
         try:
             prom.wait(20)
@@ -210,7 +267,7 @@ def test_every_panel_query_parses_and_non_gpu_panels_show_data(stack: Stack) -> 
     """Every dashboard query is valid PromQL; every one not on GPU metrics returns data from a live soak."""
     values = {
         "job": "soakd",
-        "instance": stack.instance,
+        "instance": f"{stack.instance}|{stack.net_instance}",  # Grafana's multi-value regex
         "gpu": ".*",
         "stage": "e2e",
         "__rate_interval": "20s",
@@ -219,6 +276,7 @@ def test_every_panel_query_parses_and_non_gpu_panels_show_data(stack: Stack) -> 
     }
     pending: dict[str, list[str]] = {}  # expr -> the panels that use it
     gpu_empty: dict[str, list[str]] = {}
+    llm_empty: dict[str, list[str]] = {}
     for dash, title, raw in panel_queries():
         expr = grafana_substitute(raw, values)
         resp = stack.query(expr)
@@ -227,6 +285,9 @@ def test_every_panel_query_parses_and_non_gpu_panels_show_data(stack: Stack) -> 
         if GPU_METRIC.search(expr):
             if not _has_data(resp):
                 gpu_empty.setdefault(expr, []).append(where)
+        elif LLM_METRIC.search(expr):
+            if not _has_data(resp):
+                llm_empty.setdefault(expr, []).append(where)
         elif not _has_data(resp):
             pending.setdefault(expr, []).append(where)
     # Rates, recording rules and leak verdicts need a few evaluations: poll the rest.
@@ -241,8 +302,27 @@ def test_every_panel_query_parses_and_non_gpu_panels_show_data(stack: Stack) -> 
         f"  {', '.join(sorted(set(w)))}: {e}" for e, w in pending.items()
     )
     assert stack.soakd.proc.poll() is None, stack.soakd.output()
+    assert stack.net.proc.poll() is None, stack.net.output()
     gpu_panels = sorted({w for ws in gpu_empty.values() for w in ws})
     print("GPU panels without data on this host:", *gpu_panels, sep="\n  ")  # shown with -s
+    llm_panels = sorted({w for ws in llm_empty.values() for w in ws})
+    print("LLM panels without data (no --api openai soak here):", *llm_panels, sep="\n  ")
+
+
+def test_served_model_panels_show_the_network_soak(stack: Stack) -> None:
+    """The served-model series reach Prometheus from the network soak alone: target up, the
+    watched server's RSS, a scraped server gauge and a verdict on a target_ series."""
+    sel = f'instance="{stack.net_instance}"'
+    for expr, want in (
+        (f"soakd_target_up{{{sel}}}", 1.0),
+        (f'soakd_target_metric{{{sel}, name="vllm:num_requests_waiting"}}', 3.0),
+        (f'soakd_target_process_resident_memory_bytes{{{sel}, pid="{stack.server.pid}"}} > 0', None),
+        (f'soakd_leak_slope_bytes_per_hour{{{sel}, series="target_rss"}}', None),
+    ):
+        got = wait_for(lambda e=expr: _values(stack.query(e)), DATA_DEADLINE_S, what=expr)  # type: ignore[misc]
+        if want is not None:
+            assert got == [want], expr
+    assert not _values(stack.query(f'soakd_target_up{{instance="{stack.instance}"}}'))  # in-process: none
 
 
 def _no_events(stack: Stack, expr: str) -> bool:
@@ -294,7 +374,7 @@ def test_variable_queries_find_the_soak(stack: Stack) -> None:
             if var["name"] == "job":
                 assert found == ["soakd"]
             elif var["name"] == "instance":
-                assert found == [stack.instance]
+                assert found == sorted([stack.instance, stack.net_instance])
 
 
 def test_every_recording_rule_has_data(stack: Stack) -> None:
@@ -317,7 +397,7 @@ def test_every_recording_rule_has_data(stack: Stack) -> None:
 def test_healthy_cpu_soak_raises_no_alert(stack: Stack) -> None:
     """On a healthy CPU soak nothing is pending or firing: GPU samplers that cannot run are not 'down'.
 
-    The leak verdict is left out: this session judges leaks over seconds, where start-up growth
+    The leak verdicts are left out: this session judges leaks over seconds, where start-up growth
     may well look like one.
     """
     wait_for(
@@ -330,6 +410,8 @@ def test_healthy_cpu_soak_raises_no_alert(stack: Stack) -> None:
         what="every rule to be evaluated",
     )
     alerts = [
-        a for a in stack.api("alerts")["data"]["alerts"] if a["labels"]["alertname"] != "SoakdMemoryLeakSuspected"
+        a
+        for a in stack.api("alerts")["data"]["alerts"]
+        if a["labels"]["alertname"] not in ("SoakdMemoryLeakSuspected", "SoakdTargetLeakSuspected")
     ]
     assert not alerts, alerts

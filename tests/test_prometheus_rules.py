@@ -101,10 +101,16 @@ def test_the_required_alerts_exist() -> None:
         "SoakdThroughputCollapsed",
         "SoakdCollectorDown",
         "SoakdDown",
+        "SoakdTargetDown",
+        "SoakdTargetLeakSuspected",
     }
     exprs = {a["alert"]: a["expr"] for a in alerts()}
     assert "predict_linear" in exprs["SoakdGPUMemoryExhaustionPredicted"]
     assert "predict_linear" in exprs["SoakdHostMemoryExhaustionPredicted"]
+    # A served model's leak alerts once, as itself; soakd's own leak alert leaves it out.
+    assert 'series=~"target_.*"' in exprs["SoakdTargetLeakSuspected"]
+    assert 'series!~"target_.*"' in exprs["SoakdMemoryLeakSuspected"]
+    assert {a["alert"]: a.get("for") for a in alerts()}["SoakdTargetDown"] == "1m"
 
 
 def test_every_alert_has_a_quiet_and_a_firing_case() -> None:

@@ -49,6 +49,7 @@ from soakd.analysis.trend import (
     warmup_end,
     z_for,
 )
+from soakd.names import TARGET_METRIC_PREFIX
 
 MIB = float(1 << 20)
 DAY = 86400.0
@@ -122,8 +123,14 @@ class DetectorParams:
 
 def floor_for(series: str, table: dict[str, float] | None, scale: float = 1.0) -> float:
     """The series' slope floor from the ``leak.min_slope_bytes_per_hour`` table ("default" key);
-    the built-in default times ``scale`` (``DetectorParams.floor_scale``) when the table has none."""
+    the built-in default times ``scale`` (``DetectorParams.floor_scale``) when the table has none.
+
+    A scraped server gauge (``target_metric:NAME``) is in its own unit (a ratio, a count,
+    microseconds), not bytes: only its own entry applies, else no floor (any rise the trend
+    test is sure of)."""
     table = table or {}
+    if series.startswith(TARGET_METRIC_PREFIX):
+        return float(table.get(series, 0.0))
     got = table.get(series, table.get("default"))
     return float(got) if got is not None else DEFAULT_FLOOR_BYTES_PER_HOUR * scale
 

@@ -21,6 +21,7 @@ import psutil
 
 from soakd.analysis.detector import DetectorParams, Judgement, Persistence, floor_for, judge
 from soakd.analysis.evidence import CUDA_SERIES, HOST_SERIES, TARGET_HOST_SERIES, CudaHistory, Evidence
+from soakd.names import TARGET_METRIC_PREFIX
 from soakd.store import default_state_dir
 from soakd.telemetry.catalogue import LEAK_SERIES
 from soakd.telemetry.series import SeriesStore
@@ -156,24 +157,34 @@ class LeakMonitor:
             now = self.clock() if now is None else now
             if self.evidence is not None:
                 self.evidence.tick()
-            for name in self.series:
+            for name in self._names():
                 t, v = self.store.read(name)
+                reset = self.store.reset_at(name)
+                if reset is not None:  # a watched server restarted: its new process from there on
+                    keep = t >= reset
+                    t, v = t[keep], v[keep]
                 if t.size == 0:
                     continue
                 try:
-                    self._evaluate_one(name, t, v, now)
+                    self._evaluate_one(name, t, v, now, since=self.since if reset is None else max(self.since, reset))
                 except Exception:  # one bad series must not stop the others
                     log.exception("leak evaluation of %s failed", name)
             return dict(self._verdicts)
+
+    def _names(self) -> list[str]:
+        """The configured series, then every scraped server gauge the store has (their names
+        are known only once a scrape has found them)."""
+        extra = [n for n in self.store.names() if n.startswith(TARGET_METRIC_PREFIX) and n not in self.series]
+        return [*self.series, *extra]
 
     def verdicts(self) -> dict[str, Verdict]:
         """The latest verdict per judged series (the session reads these, never the gauges). No
         lock: copying a dict is atomic under the GIL, and /status must not wait for an evaluation."""
         return dict(self._verdicts)
 
-    def _evaluate_one(self, name: str, t: Any, v: Any, now: float) -> None:
+    def _evaluate_one(self, name: str, t: Any, v: Any, now: float, *, since: float) -> None:
         floor = floor_for(name, self.cfg.min_slope_bytes_per_hour, self.params.floor_scale)
-        j = judge(t, v, self.params, floor, now=now, since=self.since)
+        j = judge(t, v, self.params, floor, now=now, since=since)
         state = self._states.setdefault(name, Persistence(self.params.persistence))
         flipped = state.update(now, j.keeps(state.suspected))
         eta = self._eta(name, j)

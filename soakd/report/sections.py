@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from soakd.config import redact_secrets
+from soakd.names import TARGET_METRIC_PREFIX
 from soakd.report import units
 from soakd.report.slo import format_limit, format_observed
 
@@ -157,20 +158,25 @@ MEMORY_HEADER = [
 
 
 def memory_rows(data: dict[str, Any]) -> list[list[str]]:
-    return [
-        [
-            name,
-            units.mib(m.get("first")),
-            units.mib(m.get("last")),
-            units.mib(m.get("min")),
-            units.mib(m.get("max")),
-            units.mib_per_hour(m.get("trend_bytes_per_hour")),
-            units.mib_per_hour(m.get("slope_bytes_per_hour")),
-            units.mib_per_hour(m.get("detectable_slope_bytes_per_hour"), signed=False),
-            str(m.get("verdict", "-")),
-        ]
-        for name, m in (data.get("memory") or {}).items()
-    ]
+    rows = []
+    for name, m in (data.get("memory") or {}).items():
+        # A scraped server gauge is in its own unit (a ratio, a count): shown as it is, not in MiB.
+        own = name.startswith(TARGET_METRIC_PREFIX)
+        level, slope = (units.number, units.number_per_hour) if own else (units.mib, units.mib_per_hour)
+        rows.append(
+            [
+                f"{name} (own unit)" if own else name,
+                level(m.get("first")),
+                level(m.get("last")),
+                level(m.get("min")),
+                level(m.get("max")),
+                slope(m.get("trend_bytes_per_hour")),
+                slope(m.get("slope_bytes_per_hour")),
+                slope(m.get("detectable_slope_bytes_per_hour"), signed=False),
+                str(m.get("verdict", "-")),
+            ]
+        )
+    return rows
 
 
 def event_rows(data: dict[str, Any]) -> list[list[str]]:

@@ -41,6 +41,16 @@ def mib_per_hour(v_bytes_per_hour: float | None, *, signed: bool = True) -> str:
     return f"{v_bytes_per_hour / MIB:+.2f}" if signed else f"{v_bytes_per_hour / MIB:.2f}"
 
 
+def number(v: float | None) -> str:
+    """A level in a unit of its own (a scraped server gauge): four significant digits, ``0.2``."""
+    return f"{v:.4g}" if _finite(v) else "-"
+
+
+def number_per_hour(v: float | None, *, signed: bool = True) -> str:
+    """A slope in a unit of its own per hour: ``+0.0144`` (a bound unsigned)."""
+    return (f"{v:+.4g}" if signed else f"{v:.4g}") if _finite(v) else "-"
+
+
 def seconds(v: float | None) -> str:
     """A duration in seconds: ``90.0``."""
     return f"{v:.1f}" if _finite(v) else "-"

@@ -105,6 +105,8 @@ class Lifecycle:
         store, run_id = self.store, self.run_id
         if store is not None:
             series.add_listener(lambda name, t, value: store.add_sample(run_id, name, t, value))
+        # A level reset (a watched server restarted) is an event: the report shows where.
+        series.add_reset_listener(lambda names, t, why: self.event("series_reset", f"{', '.join(names)}: {why}"))
 
     # ------------------------------------------------------------------ segments
 

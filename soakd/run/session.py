@@ -43,6 +43,7 @@ from soakd.targets.local import LocalModelTarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.pipeline import Telemetry, cuda_devices, resource_attributes, run_samplers
 from soakd.telemetry.series import SeriesStore
+from soakd.telemetry.watched import UnitResolver, resolve_units
 from soakd.workload.bodies import BodySource
 from soakd.workload.sources import RequestSource
 
@@ -80,6 +81,7 @@ class RunSession:
         self.life: Lifecycle | None = None
         self.engine: Engine | None = None
         self.leak: LeakMonitor | None = None
+        self.units: list[UnitResolver] = []
         self.window: Delta | None = None
         self.offline_rps: float | None = None
         self.target_summary: Callable[[], dict[str, Any]] | None = None  # a network target's /status block
@@ -114,6 +116,8 @@ class RunSession:
             self.health.stopping = True
 
     def _run_loaded(self, life: Lifecycle) -> int:
+        # An unknown --watch-unit is exit 2 naming it, before a model loads or a target connects.
+        self.units = resolve_units(self.cfg.target.watch_unit)
         if self.cfg.target.url is not None:
             return self._run_network(life)
         cfg = self.cfg
@@ -168,7 +172,7 @@ class RunSession:
         telemetry = Telemetry(
             cfg,
             self.metrics,
-            run_samplers(cfg, self.metrics, series, device),
+            run_samplers(cfg, self.metrics, series, device, self.units),
             resource_attributes=resource_attributes(device, {"soakd.run_id": life.run_id, "soakd.model": label}),
         )
         # Leak verdicts judged from `series` on the telemetry scheduler; each flip is one event.

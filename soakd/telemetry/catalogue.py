@@ -242,6 +242,18 @@ class Metrics:
             ["pid"],
             registry=r,
         )
+        self.target_gpu_process_memory = Gauge(
+            p + "target_gpu_process_memory_bytes",
+            "GPU memory used by a watched server process (NVML's per-process list)",
+            ["pid", "gpu"],
+            registry=r,
+        )
+        self.target_metric = Gauge(
+            p + "target_metric",
+            "A gauge scraped from the served model's own /metrics (summed over its labels; a counter as its rate/s)",
+            ["name"],
+            registry=r,
+        )
 
         # ---- collectors
         self.collector_up = Gauge(

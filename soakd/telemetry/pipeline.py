@@ -16,9 +16,10 @@ from soakd.telemetry.gc_stats import GcSampler
 from soakd.telemetry.host import HostSampler, MallocSampler, TracemallocSampler, UssSampler
 from soakd.telemetry.nvml import NvmlSampler
 from soakd.telemetry.scheduler import Sampler, SamplerScheduler
+from soakd.telemetry.scrape import ScrapeSampler
 from soakd.telemetry.series import SeriesStore
 from soakd.telemetry.torch_cuda import TorchCudaSampler, TorchCudaSnapshotSampler
-from soakd.telemetry.watched import TargetProcessSampler
+from soakd.telemetry.watched import TargetGpuSampler, TargetProcessSampler, UnitResolver
 
 log = logging.getLogger("soakd.telemetry")
 
@@ -42,10 +43,37 @@ def gpu_uuids(devices: list[int]) -> list[str] | None:
         return None
 
 
+def watched_samplers(
+    cfg: Config, metrics: Metrics, series: SeriesStore, units: Sequence[UnitResolver] = ()
+) -> list[Sampler]:
+    """The served model watched from outside: its processes (``--watch-pid``, then the units of
+    ``--watch-unit``, resolved at start), their GPU memory, and its own /metrics (``--scrape``).
+    The first process is the server's main one: the one the leak series follow."""
+    tg = cfg.target
+    procs = [TargetProcessSampler(metrics, series, pid, leak_series=False) for pid in dict.fromkeys(tg.watch_pid)]
+    procs += [TargetProcessSampler(metrics, series, resolver=r, leak_series=False) for r in units]
+    if procs:
+        procs[0].main, procs[0].series = True, series
+    out: list[Sampler] = [*procs]
+    if procs:
+        out.append(TargetGpuSampler(metrics, series, procs))
+    claims: dict[str, str] = {}  # a metric found on two URLs is kept from the first
+    out += [
+        ScrapeSampler(metrics, series, url, tg.scrape_metrics, timeout=tg.scrape_timeout, claims=claims)
+        for url in dict.fromkeys(tg.scrape)
+    ]
+    return out
+
+
 def run_samplers(
-    cfg: Config, metrics: Metrics, series: SeriesStore, device: torch.device
+    cfg: Config,
+    metrics: Metrics,
+    series: SeriesStore,
+    device: torch.device,
+    units: Sequence[UnitResolver] = (),
 ) -> list[tuple[Sampler, float]]:
-    """The samplers of a soak on ``device``, each with its interval."""
+    """The samplers of a soak on ``device``, each with its interval (``units``: the resolved
+    ``--watch-unit`` units, :func:`soakd.telemetry.watched.resolve_units`)."""
     mem = cfg.memory
     devices = cuda_devices(device)
     samplers: list[Sampler] = [
@@ -58,11 +86,7 @@ def run_samplers(
     ]
     if mem.tracemalloc:
         samplers.append(TracemallocSampler(metrics))
-    # --watch-pid: the first is the server's main process, the one the leak series follow.
-    samplers += [
-        TargetProcessSampler(metrics, series, pid, leak_series=i == 0)
-        for i, pid in enumerate(dict.fromkeys(cfg.target.watch_pid))
-    ]
+    samplers += watched_samplers(cfg, metrics, series, units)
     out = [(s, mem.interval) for s in samplers]
     if mem.snapshot_interval is not None:
         out.append((TorchCudaSnapshotSampler(metrics, devices), mem.snapshot_interval))

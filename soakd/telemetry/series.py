@@ -6,7 +6,7 @@ The durable copy lives in the state store; this ring is what the live verdicts r
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -46,10 +46,32 @@ class SeriesStore:
         self._rings: dict[str, SeriesRing] = {}
         self._lock = threading.Lock()
         self._listeners: list[Callable[[str, float, float], None]] = []
+        self._resets: dict[str, float] = {}
+        self._reset_listeners: list[Callable[[tuple[str, ...], float, str], None]] = []
 
     def add_listener(self, fn: Callable[[str, float, float], None]) -> None:
         """Call ``fn(series, t, value)`` on every append (the state store keeps a durable copy)."""
         self._listeners.append(fn)
+
+    def add_reset_listener(self, fn: Callable[[tuple[str, ...], float, str], None]) -> None:
+        """Call ``fn(series, t, why)`` on every :meth:`mark_reset` (the state store keeps an event)."""
+        self._reset_listeners.append(fn)
+
+    def mark_reset(self, series: Sequence[str], t: float, why: str) -> None:
+        """The level of ``series`` was reset at ``t`` (a watched server restarted): samples before
+        it belong to another process, and the leak monitor judges from ``t`` on. The ring keeps
+        them (the summary and the state store show the whole run)."""
+        names = tuple(series)
+        with self._lock:
+            for name in names:
+                self._resets[name] = t
+        for fn in self._reset_listeners:
+            fn(names, t, why)
+
+    def reset_at(self, series: str) -> float | None:
+        """Time of the latest reset of ``series``; None when it never had one."""
+        with self._lock:
+            return self._resets.get(series)
 
     def append(self, series: str, t: float, value: float) -> None:
         with self._lock:
