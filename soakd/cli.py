@@ -49,6 +49,8 @@ RUN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--api": ("target.api", {"metavar": "http|openai|kserve-v2"}),
     "--target-model": ("target.model", {"metavar": "NAME"}),
     "--watch-pid": ("target.watch_pid", {"metavar": "PID", "action": "append"}),
+    "--output-tokens": ("target.output_tokens", {"metavar": "N|LENGTH-SPEC"}),
+    "--tokenizer": ("target.tokenizer", {"metavar": "PATH"}),
 }
 
 
