@@ -204,3 +204,26 @@ def test_chat_jsonl_and_prompt_files_from_samples(base: str, tmp_path: Path) -> 
     (d / "c.jsonl").write_text('{"nothing": 1}\n')
     res, _ = run_soakd(base, tmp_path, "--duration", "1s", "--samples", str(d))
     assert res.returncode == 2 and "c.jsonl:1" in res.stderr
+
+
+def test_synthetic_prompts_without_a_tokenizer_are_words_per_token(tmp_path: Path) -> None:
+    """Without --tokenizer a prompt of N tokens is 0.75 N words, and says N tokens (the count used
+    when the server sends no usage); output lengths are drawn within the spec."""
+    from soakd.config import load_config  # in-process: the source alone, no server needed
+    from soakd.workload.prompts import PromptSource  # in-process: the source alone, no server needed
+
+    cfg = load_config(
+        None,
+        {
+            "target.url": "http://127.0.0.1:1/v1",
+            "target.api": "openai",
+            "input.shapes": "seq:uniform(min=8,max=400)",
+            "target.output_tokens": "uniform(min=2,max=9)",
+        },
+    )
+    source = PromptSource(cfg)
+    for _ in range(200):
+        _, p = source.next()
+        assert p.text is not None and p.max_tokens is not None and 2 <= p.max_tokens <= 9
+        assert 8 <= p.input_tokens <= 400
+        assert len(p.text.split()) == max(1, round(p.input_tokens * 0.75))
