@@ -263,7 +263,8 @@ class TargetConfig:
     # --api openai (soakd/targets/openai.py):
     openai_endpoint: str = "chat"  # chat: /chat/completions | completions: /completions
     stream: bool = True  # SSE; false: one JSON answer per request (no TTFT/ITL/TPOT then)
-    output_tokens: str | None = None  # max_tokens per request: N or a seq: length spec; None: server's default
+    # max_tokens per request: N (TOML int or string) or a seq: length spec; None: the server's default
+    output_tokens: str | None = field(default=None, metadata={"int_as_text": True})
     tokenizer: str | None = None  # a local tokenizer dir: synthetic prompts of exact token lengths
     chunk_timeout: float = _duration(10.0)  # streamed: the longest wait for the next chunk
     timeout: float = _duration(30.0)  # per request, connection wait included; later: outcome timeout
@@ -352,6 +353,8 @@ def _coerce(value: Any, tp: Any, path: str, meta: typing.Mapping[str, Any]) -> A
     if tp is str:
         if isinstance(value, str):
             return value
+        if meta.get("int_as_text") and isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
         raise ConfigError(f"{path}: expected a string, got {value!r}")
     if origin is dict:
         if not isinstance(value, dict):

@@ -172,7 +172,7 @@ def test_non_streamed_soak(serve: Serve, tmp_path: Path) -> None:
 
 def test_server_killed_and_restarted_mid_soak(serve: Serve, tmp_path: Path) -> None:
     """target_up goes 0 while the server is gone, the soak goes on, and the summary holds the down
-    time. Last in the module: it restarts the shared server."""
+    time. After the other soaks of the module: it restarts the shared server."""
     d = Daemon(soak_args(serve, tmp_path), tmp_path)  # until stopped: the restart takes its time
     up = f'target="{serve.base}"'
     try:
@@ -197,3 +197,44 @@ def test_server_killed_and_restarted_mid_soak(serve: Serve, tmp_path: Path) -> N
     tg = s["target"]
     assert tg["outages"] == 1 and tg["up"] is True
     assert 0.5 * down_for <= tg["down_seconds"] <= down_for + 1.0
+
+
+EXACT_CHECK = """
+import sys
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+from soakd.config import load_config
+from soakd.workload.prompts import WORDS, PromptSource
+
+bpe = Tokenizer(models.BPE(unk_token="[UNK]"))
+bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+bpe.decoder = decoders.ByteLevel()
+bpe.train_from_iterator([" ".join(WORDS[i::7]) for i in range(7)] * 3, trainers.BpeTrainer(vocab_size=300))
+bpe.save(sys.argv[2] + "/tokenizer.json")
+for path in sys.argv[1:]:
+    cfg = load_config(None, {"target.url": "http://127.0.0.1:1/v1", "target.api": "openai",
+                             "input.shapes": "seq:uniform(min=1,max=300)", "target.tokenizer": path})
+    source = PromptSource(cfg)
+    tok = Tokenizer.from_file(path + "/tokenizer.json")
+    for _ in range(300):
+        _, p = source.next()
+        n = len(tok.encode(p.text, add_special_tokens=False).ids)
+        assert n == p.input_tokens, (path, n, p.input_tokens)
+    print(path, "exact" if source.exact else "approximate")
+"""
+
+
+def test_tokenizer_makes_prompts_of_exact_length(serve: Serve, tmp_path: Path) -> None:
+    """--tokenizer DIR: each synthetic prompt re-encodes to exactly its drawn length, for the
+    model's WordLevel tokenizer and a byte-level BPE. Run with the servers' python, which has the
+    `tokenizers` package that soakd's own environment does not."""
+    bpe = tmp_path / "bpe"
+    bpe.mkdir()
+    res = subprocess.run(
+        [str(serve.python), "-c", EXACT_CHECK, serve.model, str(bpe)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count(" exact") == 2, res.stdout

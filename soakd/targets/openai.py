@@ -69,6 +69,7 @@ class OpenAITarget(AiohttpTarget):
         self.stream = stream
         self._post_url = self.base + ("/chat/completions" if endpoint == "chat" else "/completions")
         self._stream_timeout = aiohttp.ClientTimeout(total=self.timeout, sock_read=chunk_timeout)
+        self._whole_timeout = aiohttp.ClientTimeout(total=self.timeout)
         self._ttft = metrics.ttft.labels("")
         self._itl = metrics.itl.labels("")
         self._tpot = metrics.tpot.labels("")
@@ -118,7 +119,7 @@ class OpenAITarget(AiohttpTarget):
         return json.dumps(body).encode()
 
     async def _exchange(self, payload: Any, sent: Sent | None) -> str:
-        timeout = self._stream_timeout if self.stream else aiohttp.ClientTimeout(total=self.timeout)
+        timeout = self._stream_timeout if self.stream else self._whole_timeout
         async with self.session.post(
             self._post_url, data=self._body(payload), headers=JSON_HEADERS, trace_request_ctx=sent, timeout=timeout
         ) as resp:
