@@ -162,9 +162,12 @@ def print_summary(summary: dict[str, Any], out: TextIO) -> None:
         print(f"  batch size mean {b['mean']:.2f}, max {b['max']:.0f} over {b['batches']} batches", file=out)
     llm = summary.get("llm")
     if llm:
+
+        def ms(v: float | None) -> str:
+            return "-" if v is None else f"{v:.2f}"
+
         cells = ", ".join(
-            f"{name} p50 {_fmt_ms(llm[key]['p50'] if llm[key]['p50'] is not None else math.nan).strip()} ms"
-            f" p99 {_fmt_ms(llm[key]['p99'] if llm[key]['p99'] is not None else math.nan).strip()} ms"
+            f"{name} p50 {ms(llm[key]['p50'])} ms p99 {ms(llm[key]['p99'])} ms"
             for name, key in (("TTFT", "ttft_ms"), ("ITL", "itl_ms"), ("TPOT", "tpot_ms"))
         )
         print(
