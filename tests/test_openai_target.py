@@ -227,3 +227,27 @@ def test_synthetic_prompts_without_a_tokenizer_are_words_per_token(tmp_path: Pat
         assert p.text is not None and p.max_tokens is not None and 2 <= p.max_tokens <= 9
         assert 8 <= p.input_tokens <= 400
         assert len(p.text.split()) == max(1, round(p.input_tokens * 0.75))
+
+
+def test_open_loop_ttft_counts_from_the_intended_send(base: str, tmp_path: Path) -> None:
+    """Open loop past what one connection carries: requests wait in the client's pool (the queue
+    stage), and TTFT, counted from the intended send as e2e is, includes that wait."""
+    s = soak(
+        base,
+        tmp_path,
+        "--rate",
+        "100",
+        "--duration",
+        "2s",
+        "--warmup",
+        "0",
+        "--input-shapes",
+        "seq:fixed(n=8)",
+        "--output-tokens",
+        "8",
+        config="[target]\nmax_connections = 1\n",
+    )
+    queue_p50 = s["latency_ms"]["queue"]["p50"]
+    assert queue_p50 > 100  # the pool is the bottleneck: the wait dwarfs a 20 ms stream
+    assert s["llm"]["ttft_ms"]["p50"] >= queue_p50
+    assert s["llm"]["ttft_ms"]["p50"] <= s["latency_ms"]["e2e"]["p50"]
