@@ -51,6 +51,8 @@ RUN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--watch-pid": ("target.watch_pid", {"metavar": "PID", "action": "append"}),
     "--watch-unit": ("target.watch_unit", {"metavar": "UNIT", "action": "append"}),
     "--scrape": ("target.scrape", {"metavar": "URL", "action": "append"}),
+    "--output-tokens": ("target.output_tokens", {"metavar": "N|LENGTH-SPEC"}),
+    "--tokenizer": ("target.tokenizer", {"metavar": "PATH"}),
 }
 
 

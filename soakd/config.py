@@ -36,6 +36,8 @@ from soakd.errors import ConfigError
 from soakd.names import LEAK_SERIES, STAGES, TARGET_METRIC_PREFIX
 from soakd.specs import (
     BUILTIN_DEFAULT_SHAPES,
+    SEQ_PREFIX,
+    SeqLenSpec,
     check_crontab,
     check_model_input,
     check_model_spec,
@@ -233,6 +235,9 @@ class SloConfig:
     stage_p99_ms: dict[str, float] = field(default_factory=dict)  # per stage, e.g. {inference = 20.0}
     no_leak: list[str] = field(default_factory=list)  # memory series that must not be judged leaking
     min_duration: float | None = _duration(None)  # a shorter run cannot pass (too short to judge)
+    # --api openai, per request: one that meets both counts toward goodput (None: no limit).
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
 
 
 @dataclass
@@ -264,8 +269,15 @@ class TargetConfig:
     """A served model instead of ``[model]`` (soakd/targets/): soakd is then only the client."""
 
     url: str | None = None  # None: the model in [model] runs in soakd's own process
-    api: str = "http"  # http | openai | kserve-v2 (the last two: not built yet)
-    model: str | None = None  # the served model's name (openai, kserve-v2)
+    api: str = "http"  # http | openai | kserve-v2 (the last: not built yet)
+    model: str | None = None  # the served model's name (openai: None = the first of GET /models)
+    # --api openai (soakd/targets/openai.py):
+    openai_endpoint: str = "chat"  # chat: /chat/completions | completions: /completions
+    stream: bool = True  # SSE; false: one JSON answer per request (no TTFT/ITL/TPOT then)
+    # max_tokens per request: N (TOML int or string) or a seq: length spec; None: the server's default
+    output_tokens: str | None = field(default=None, metadata={"int_as_text": True})
+    tokenizer: str | None = None  # a local tokenizer dir: synthetic prompts of exact token lengths
+    chunk_timeout: float = _duration(10.0)  # streamed: the longest wait for the next chunk
     timeout: float = _duration(30.0)  # per request, connection wait included; later: outcome timeout
     max_connections: int | None = None  # None: load.concurrency (closed loop) or 256 (open loop)
     watch_pid: list[int] = field(default_factory=list)  # server processes whose RSS/USS are sampled
@@ -356,6 +368,8 @@ def _coerce(value: Any, tp: Any, path: str, meta: typing.Mapping[str, Any]) -> A
     if tp is str:
         if isinstance(value, str):
             return value
+        if meta.get("int_as_text") and isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
         raise ConfigError(f"{path}: expected a string, got {value!r}")
     if origin is dict:
         if not isinstance(value, dict):
@@ -725,7 +739,7 @@ def validate(cfg: Config) -> None:
         0.0 <= cfg.otel.trace_sample_ratio <= 1.0,
         f"otel.trace_sample_ratio: must be within [0, 1], got {cfg.otel.trace_sample_ratio}",
     )
-    for name in ("p99_ms", "max_error_ratio", "min_throughput_rps"):
+    for name in ("p99_ms", "max_error_ratio", "min_throughput_rps", "ttft_ms", "tpot_ms"):
         v = getattr(cfg.slo, name)
         _require(v is None or v >= 0, f"slo.{name}: must be >= 0, got {v}")
     for stage, limit in cfg.slo.stage_p99_ms.items():
@@ -815,15 +829,52 @@ def _validate_target(cfg: Config) -> None:
         parts.scheme in ("http", "https") and bool(parts.hostname),
         f"target.url: expected http://HOST[:PORT]/PATH, got {tg.url!r}",
     )
-    _require(tg.api == "http", f"target.api: {tg.api} is not built yet (use --api http)")
+    _require(tg.api in ("http", "openai"), f"target.api: {tg.api} is not built yet (use --api http or openai)")
     _require(
         cfg.model.spec == ModelConfig.spec,
         f"model.spec and target.url: choose one (a model in soakd's process, or a served one), "
         f"got {cfg.model.spec!r} and {tg.url!r}",
     )
+    if tg.api == "openai":
+        _validate_openai(cfg)
+        return
     _require(
         cfg.input.samples is not None, "input.samples: --api http POSTs the .json files of --samples DIR; none given"
     )
+
+
+def _validate_openai(cfg: Config) -> None:
+    tg = cfg.target
+    _require(
+        tg.openai_endpoint in ("chat", "completions"),
+        f"target.openai_endpoint: expected chat or completions, got {tg.openai_endpoint!r}",
+    )
+    if tg.output_tokens is not None:
+        parse_output_tokens(tg.output_tokens)
+    if cfg.input.samples is None:
+        _require(
+            is_seq_spec(cfg.input.shapes),
+            "input.shapes: --api openai needs prompt lengths in tokens (--input-shapes 'seq:fixed(n=128)', "
+            f"seq:uniform(...) or seq:lognormal(...)) or prompts in --samples DIR; got {cfg.input.shapes!r}",
+        )
+    if tg.tokenizer is not None:
+        _require(Path(tg.tokenizer).is_dir(), f"target.tokenizer: {tg.tokenizer}: not a directory")
+
+
+def parse_output_tokens(value: str) -> SeqLenSpec:
+    """``--output-tokens``: ``N`` or a ``seq:`` length spec (``seq:uniform(min=16,max=256)``)."""
+    text = value.strip()
+    if text.isdigit():
+        text = f"seq:fixed(n={text})"
+    elif not is_seq_spec(text):
+        text = SEQ_PREFIX + text  # "uniform(min=16,max=256)" reads the same
+    try:
+        return parse_seq_spec(text)
+    except ValueError as exc:
+        raise ConfigError(
+            f"target.output_tokens: {value!r}: expected N or a length spec such as seq:uniform(min=16,max=256) "
+            f"({str(exc).removeprefix('input.shapes: ')})"
+        ) from None
 
 
 def _validate_leak(lk: LeakConfig) -> None:

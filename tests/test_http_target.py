@@ -222,7 +222,7 @@ def test_server_that_stops_answering_is_a_timeout(bodies: Path, tmp_path: Path) 
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--api", "openai"], "target.api: openai is not built yet"),
+        (["--api", "kserve-v2"], "target.api: kserve-v2 is not built yet"),
         (["--api", "http", "--model", "builtin:noop"], "--model and --target: choose one"),
         (["--api", "http"], "input.samples"),  # no --samples at all
         (["--api", "http", "--samples", "EMPTY"], "EMPTY: no .json files"),

@@ -44,7 +44,6 @@ from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.pipeline import Telemetry, cuda_devices, resource_attributes, run_samplers
 from soakd.telemetry.series import SeriesStore
 from soakd.telemetry.watched import UnitResolver, resolve_units
-from soakd.workload.bodies import BodySource
 from soakd.workload.sources import RequestSource
 
 log = logging.getLogger("soakd")
@@ -140,7 +139,7 @@ class RunSession:
         """A served model: open the client and check the URL instead of loading a model."""
         cfg = self.cfg
         self.health.starting = "starting: connecting to and warming up the target"
-        source = steps.network_source(cfg)  # nothing to send: exit 2 before anything connects
+        source = steps.network_source(cfg)  # no bodies or prompts: exit 2 before anything connects
         target, connect_s = steps.open_network_target(cfg, self.metrics)
         self.health.target_down = target.down_reason
         self.target_summary = target.summary
@@ -223,7 +222,7 @@ class RunSession:
         self,
         life: Lifecycle,
         target: ClientTarget,
-        source: BodySource,
+        source: steps.NetworkSource,
         connect_s: float,
         series: SeriesStore,
         telemetry: Telemetry,

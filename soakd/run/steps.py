@@ -20,8 +20,10 @@ from soakd.targets.base import WarmupResult
 from soakd.targets.client import ClientTarget
 from soakd.targets.http import HttpTarget
 from soakd.targets.local import LocalModelTarget
+from soakd.targets.openai import OpenAITarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.workload.bodies import BodySource
+from soakd.workload.prompts import PromptSource
 from soakd.workload.sources import RequestSource, build_source
 
 log = logging.getLogger("soakd")
@@ -158,9 +160,27 @@ def _http_target(cfg: Config, metrics: Metrics, limit: int) -> ClientTarget:
     return HttpTarget(cfg.target.url, metrics, max_connections=limit, timeout=cfg.target.timeout)
 
 
+def _openai_target(cfg: Config, metrics: Metrics, limit: int) -> ClientTarget:
+    tg = cfg.target
+    assert tg.url is not None
+    return OpenAITarget(
+        tg.url,
+        metrics,
+        model=tg.model,
+        endpoint=tg.openai_endpoint,
+        stream=tg.stream,
+        chunk_timeout=tg.chunk_timeout,
+        ttft_slo_ms=cfg.slo.ttft_ms,
+        tpot_slo_ms=cfg.slo.tpot_ms,
+        max_connections=limit,
+        timeout=tg.timeout,
+    )
+
+
 # One client per --api: (the target, built from the config and the connection limit).
 PROTOCOLS: dict[str, Callable[[Config, Metrics, int], ClientTarget]] = {
     "http": _http_target,
+    "openai": _openai_target,
 }
 
 
@@ -182,8 +202,15 @@ def open_network_target(cfg: Config, metrics: Metrics) -> tuple[ClientTarget, fl
     return target, seconds
 
 
-def network_source(cfg: Config) -> BodySource:
-    """What a network target sends, per --api; ConfigError (exit 2) before anything connects."""
+NetworkSource = BodySource | PromptSource
+
+
+def network_source(cfg: Config) -> NetworkSource:
+    """What a served model is sent, per --api; ConfigError before anything connects."""
+    if cfg.target.api == "openai":
+        source = PromptSource(cfg)
+        log.info("%s", source.describe)
+        return source
     return body_source(cfg)
 
 
@@ -196,7 +223,7 @@ def body_source(cfg: Config) -> BodySource:
 
 
 def warm_up_target(
-    cfg: Config, target: ClientTarget, source: BodySource, stop: threading.Event, metrics: Metrics | None = None
+    cfg: Config, target: ClientTarget, source: NetworkSource, stop: threading.Event, metrics: Metrics | None = None
 ) -> WarmupResult:
     """``model.warmup`` requests one by one, kept out of the histograms and counters."""
     res = target.warm_up(source.bodies, cfg.model.warmup, stop)
@@ -233,7 +260,7 @@ def target_fingerprint(cfg: Config, run_id: str) -> dict[str, Any]:
         model_spec=f"{tg.api}:{tg.url}",
         model_sha256=None,
         device=None,
-        input_desc=f"samples {cfg.input.samples}",
+        input_desc=f"samples {cfg.input.samples}" if cfg.input.samples else f"shapes {cfg.input.shapes}",
         target={"url": tg.url, "api": tg.api, "model": tg.model},
     )
 

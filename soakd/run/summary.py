@@ -66,6 +66,27 @@ def live_verdicts(verdicts: dict[str, Verdict]) -> dict[str, dict[str, Any]]:
     return {series: v.as_dict() for series, v in verdicts.items()}
 
 
+def llm_block(metrics: Metrics, elapsed: float) -> dict[str, Any]:
+    """The summary's ``llm`` block, read from the stream metrics the target recorded (one place
+    for the fact: the /metrics histograms and this block are the same counts)."""
+
+    def count(name: str, labels: dict[str, str] | None = None) -> int:
+        return int(metrics.registry.get_sample_value(name, labels or {}) or 0)
+
+    out_tokens = count("soakd_tokens_total", {"kind": "output"})
+    goodput = count("soakd_goodput_requests_total")
+    return {
+        "ttft_ms": stage_summary(metrics.ttft.labels("").snapshot()),
+        "itl_ms": stage_summary(metrics.itl.labels("").snapshot()),
+        "tpot_ms": stage_summary(metrics.tpot.labels("").snapshot()),
+        "input_tokens": count("soakd_tokens_total", {"kind": "input"}),
+        "output_tokens": out_tokens,
+        "output_tokens_per_second": round(out_tokens / elapsed, 3),
+        "goodput_requests": goodput,
+        "goodput_rps": round(goodput / elapsed, 3),
+    }
+
+
 def build_summary(
     cfg: Config,
     engine: Engine,
@@ -98,6 +119,8 @@ def build_summary(
         summary["offered_rps"] = round(sent / stats.elapsed, 3)
     if offline is not None:
         summary["model_offline"] = offline
+    if cfg.target.url is not None and cfg.target.api == "openai":
+        summary["llm"] = llm_block(metrics, stats.elapsed)
     summary["windows"] = windows
     samples = {name: series.read(name) for name in series.names()} if series is not None else {}
     summary["memory"] = memory_block(
@@ -137,6 +160,21 @@ def print_summary(summary: dict[str, Any], out: TextIO) -> None:
     b = summary["batch_size"]
     if b["batches"]:  # a served model batches on the server: soakd formed none
         print(f"  batch size mean {b['mean']:.2f}, max {b['max']:.0f} over {b['batches']} batches", file=out)
+    llm = summary.get("llm")
+    if llm:
+
+        def ms(v: float | None) -> str:
+            return "-" if v is None else f"{v:.2f}"
+
+        cells = ", ".join(
+            f"{name} p50 {ms(llm[key]['p50'])} ms p99 {ms(llm[key]['p99'])} ms"
+            for name, key in (("TTFT", "ttft_ms"), ("ITL", "itl_ms"), ("TPOT", "tpot_ms"))
+        )
+        print(
+            f"  {cells}; tokens in {llm['input_tokens']}, out {llm['output_tokens']} "
+            f"({llm['output_tokens_per_second']:.1f}/s); goodput {llm['goodput_rps']:.2f} req/s",
+            file=out,
+        )
     tg = summary.get("target")
     if tg:
         print(

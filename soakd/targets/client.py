@@ -41,11 +41,13 @@ Failure = Literal["timeout", "down", "bad"]
 
 class Sent:
     """When a request left the client (set by the protocol once it is on the wire, after any wait
-    for a pooled connection); 0.0 until then."""
+    for a pooled connection); 0.0 until then. ``intended``: when the arrival process meant to send
+    it, which per-token latencies (a stream's time to first token) count from, as e2e does."""
 
-    __slots__ = ("t",)
+    __slots__ = ("intended", "t")
 
-    def __init__(self) -> None:
+    def __init__(self, intended: float = 0.0) -> None:
+        self.intended = intended
         self.t = 0.0
 
 
@@ -226,7 +228,7 @@ class ClientTarget:
             task.add_done_callback(self._tasks.discard)
 
     async def _one(self, req: Request) -> None:
-        sent = Sent()
+        sent = Sent(req.intended)
         outcome, cls = "error", "none"
         try:
             if self._next_try:  # the server refused lately: wait out the back-off first

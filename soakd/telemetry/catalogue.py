@@ -230,6 +230,21 @@ class Metrics:
             ["target", "class"],
             registry=r,
         )
+        # ---- streams (--api openai): recorded by the target, per measured request
+        self.ttft = LogHistogramCollector(
+            p + "time_to_first_token_seconds", "From the intended send to the first content token", ""
+        )
+        r.register(self.ttft)
+        self.itl = LogHistogramCollector(p + "inter_token_latency_seconds", "Between content chunks of a stream", "")
+        r.register(self.itl)
+        self.tpot = LogHistogramCollector(
+            p + "time_per_output_token_seconds", "Per request: (last token - first token) / (output tokens - 1)", ""
+        )
+        r.register(self.tpot)
+        self.tokens = Counter(p + "tokens", "Prompt (input) and generated (output) tokens", ["kind"], registry=r)
+        self.goodput = Counter(
+            p + "goodput_requests", "Requests that ended ok within the per-request TTFT/TPOT SLOs", registry=r
+        )
         self.target_process_rss = Gauge(
             p + "target_process_resident_memory_bytes",
             "Resident set size of a watched server process",

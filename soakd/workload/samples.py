@@ -49,8 +49,9 @@ class SampleWalker:
     pass (a small folder is walked many times a second). Bounded in depth and in entries per pass.
     """
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, extensions: frozenset[str] = SAMPLE_EXTENSIONS) -> None:
         self.root = root
+        self.extensions = extensions
         self._named: set[str] = set()
 
     def _skip(self, path: str, why: str) -> None:
@@ -99,16 +100,16 @@ class SampleWalker:
                         self._skip(entry.path, f"deeper than {MAX_DEPTH} folders")
                     else:
                         subdirs.append(entry.path)
-                elif Path(entry.name).suffix.lower() in SAMPLE_EXTENSIONS:
+                elif Path(entry.name).suffix.lower() in self.extensions:
                     yield entry.path
                 if deadline is not None and time.monotonic() > deadline:
                     return
             stack.extend((d, depth + 1) for d in reversed(subdirs))
 
 
-def walk_samples(root: str) -> Iterator[str]:
+def walk_samples(root: str, extensions: frozenset[str] = SAMPLE_EXTENSIONS) -> Iterator[str]:
     """Sample file paths under ``root`` (one :class:`SampleWalker` pass)."""
-    return SampleWalker(root).walk()
+    return SampleWalker(root, extensions).walk()
 
 
 MAX_BAD_NAMED = 1000  # distinct bad samples named in the log; past this, one line says so
