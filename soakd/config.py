@@ -36,6 +36,7 @@ from soakd.errors import ConfigError
 from soakd.names import LEAK_SERIES, STAGES
 from soakd.specs import (
     BUILTIN_DEFAULT_SHAPES,
+    V2_DATATYPES,
     check_crontab,
     check_model_input,
     check_model_spec,
@@ -253,8 +254,9 @@ class TargetConfig:
     """A served model instead of ``[model]`` (soakd/targets/): soakd is then only the client."""
 
     url: str | None = None  # None: the model in [model] runs in soakd's own process
-    api: str = "http"  # http | openai | kserve-v2 (the last two: not built yet)
+    api: str = "http"  # http | openai | kserve-v2 (openai: not built yet)
     model: str | None = None  # the served model's name (openai, kserve-v2)
+    datatype: str | None = None  # kserve-v2 tensors: None = the model's declared one, else FP32
     timeout: float = _duration(30.0)  # per request, connection wait included; later: outcome timeout
     max_connections: int | None = None  # None: load.concurrency (closed loop) or 256 (open loop)
     watch_pid: list[int] = field(default_factory=list)  # server processes whose RSS/USS are sampled
@@ -781,17 +783,38 @@ def _validate_target(cfg: Config) -> None:
 
     parts = urlsplit(tg.url)
     _require(
-        parts.scheme in ("http", "https") and bool(parts.hostname),
-        f"target.url: expected http://HOST[:PORT]/PATH, got {tg.url!r}",
+        parts.scheme in ("http", "https", "grpc") and bool(parts.hostname),
+        f"target.url: expected http://HOST[:PORT]/PATH (or grpc://HOST:PORT for kserve-v2), got {tg.url!r}",
     )
-    _require(tg.api == "http", f"target.api: {tg.api} is not built yet (use --api http)")
+    _require(tg.api in ("http", "kserve-v2"), f"target.api: {tg.api} is not built yet (use --api http or kserve-v2)")
+    if tg.api == "kserve-v2":
+        grpc_ok = parts.scheme != "grpc" or (parts.port is not None and parts.path in ("", "/"))
+        _require(grpc_ok, f"target.url: expected grpc://HOST:PORT (a port, no path), got {tg.url!r}")
+        _validate_kserve(cfg)
+    else:
+        _require(parts.scheme != "grpc", f"target.url: grpc:// is for --api kserve-v2, got --api {tg.api}")
     _require(
         cfg.model.spec == ModelConfig.spec,
         f"model.spec and target.url: choose one (a model in soakd's process, or a served one), "
         f"got {cfg.model.spec!r} and {tg.url!r}",
     )
+    if tg.api == "http":
+        _require(
+            cfg.input.samples is not None,
+            "input.samples: --api http POSTs the .json files of --samples DIR; none given",
+        )
+
+
+def _validate_kserve(cfg: Config) -> None:
+    tg = cfg.target
+    _require(bool(tg.model), "target.model: --api kserve-v2 needs the served model's name (--target-model NAME)")
     _require(
-        cfg.input.samples is not None, "input.samples: --api http POSTs the .json files of --samples DIR; none given"
+        tg.datatype is None or tg.datatype in V2_DATATYPES,
+        f"target.datatype: expected one of {', '.join(V2_DATATYPES)}, got {tg.datatype!r}",
+    )
+    _require(
+        not is_seq_spec(cfg.input.shapes),
+        f"input.shapes: {cfg.input.shapes!r} is a token-length spec; kserve-v2 takes tensor shapes (16, 3x224x224)",
     )
 
 

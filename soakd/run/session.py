@@ -43,7 +43,6 @@ from soakd.targets.local import LocalModelTarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.pipeline import Telemetry, cuda_devices, resource_attributes, run_samplers
 from soakd.telemetry.series import SeriesStore
-from soakd.workload.bodies import BodySource
 from soakd.workload.sources import RequestSource
 
 log = logging.getLogger("soakd")
@@ -136,11 +135,12 @@ class RunSession:
         """A served model: open the client and check the URL instead of loading a model."""
         cfg = self.cfg
         self.health.starting = "starting: connecting to and warming up the target"
-        source = steps.body_source(cfg)  # no bodies: exit 2 before anything connects
+        bodies = steps.body_source(cfg)  # no bodies: exit 2 before anything connects
         target, connect_s = steps.open_network_target(cfg, self.metrics)
         self.health.target_down = target.down_reason
         self.target_summary = target.summary
         try:
+            source = steps.network_source(cfg, target, bodies)
             if self.stop.event.is_set():
                 return self._stopped_early(life, "connecting")
             return self._with_telemetry(
@@ -219,7 +219,7 @@ class RunSession:
         self,
         life: Lifecycle,
         target: ClientTarget,
-        source: BodySource,
+        source: RequestSource,
         connect_s: float,
         series: SeriesStore,
         telemetry: Telemetry,
