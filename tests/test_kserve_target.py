@@ -190,13 +190,35 @@ def test_stalling_server_shows_in_open_loop_percentiles(kserve: KServe, tmp_path
 
 
 @pytest.mark.parametrize("proto", ["rest", "grpc"])
-def test_start_check_mistakes_are_exit_2(proto: str, kserve: KServe) -> None:
-    """A model the server does not have, and a shape the model's metadata refuses: one line
-    naming both sides, exit 2, before any request is sent."""
+def test_samples_are_whole_requests(proto: str, kserve: KServe, tmp_path: Path) -> None:
+    """--samples DIR: v2 JSON infer requests, POSTed as they are over REST and sent as the
+    ModelInfer messages they stand for over gRPC; a file that is not one is exit 2 over gRPC."""
     url = kserve.rest if proto == "rest" else kserve.grpc
+    samples = tmp_path / "requests"
+    samples.mkdir()
+    for i in range(2):
+        tensor = {"name": "x", "shape": [i + 1, 16], "datatype": "FP32", "data": [0.5] * 16 * (i + 1)}
+        (samples / f"r{i}.json").write_text(json.dumps({"inputs": [tensor]}))
+    s = soak(url, "tiny", tmp_path, "--samples", str(samples), "--concurrency", "2", "--duration", "2s")
+    assert s["requests"]["ok"] > 20 and s["requests"]["ok"] == sum(s["requests"].values())
+    assert s["run"]["input"] == f"samples {samples}"
+    if proto == "grpc":
+        (samples / "r9.json").write_text('{"inputs": [{"name": "x"}]}')
+        res = run_soakd("--target", url, "--target-model", "tiny", "--samples", str(samples), "--duration", "1s")
+        assert res.returncode == 2 and "r9.json: not a KServe v2 JSON infer request" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("proto", ["rest", "grpc"])
+def test_start_check_mistakes_are_exit_2(proto: str, kserve: KServe, tmp_path: Path) -> None:
+    """A model the server does not have, a shape or a datatype the model's metadata refuses:
+    one line naming both sides, exit 2, before any request is sent."""
+    url = kserve.rest if proto == "rest" else kserve.grpc
+    int64 = tmp_path / "int64.toml"
+    int64.write_text('[target]\ndatatype = "INT64"\n')
     cases = [
         (["--target-model", "nope"], "target.model: 'nope': no such model at " + url),
         (["--target-model", "tiny", "--input-shapes", "32"], "input.shapes: 32 does not fit model 'tiny'"),
+        (["--target-model", "tiny", "--config", str(int64)], "target.datatype: INT64, but model 'tiny'"),
     ]
     base = ["run", "--api", "kserve-v2", "--target", url, "--duration", "2s"]
     procs = [
@@ -208,11 +230,14 @@ def test_start_check_mistakes_are_exit_2(proto: str, kserve: KServe) -> None:
         )
         for args, _ in cases
     ]  # side by side: each start costs seconds on a busy CI host
+    errs = []
     for proc, (_, says) in zip(procs, cases, strict=True):
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 2, err
         assert says in err and "Traceback" not in err, err
-    assert "input 'x' has shape [-1, 16]" in err  # the model's side, from its metadata
+        errs.append(err)
+    assert "input 'x' has shape [-1, 16]" in errs[1]  # the model's side, from its metadata
+    assert "declares input 'x' as FP32" in errs[2]
 
 
 def test_refused_and_usage_errors_are_exit_2() -> None:
