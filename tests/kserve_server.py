@@ -30,6 +30,7 @@ sys.argv = sys.argv[:1]
 
 import kserve  # noqa: E402
 import torch  # noqa: E402
+from kserve.errors import InvalidInput  # noqa: E402
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse  # noqa: E402
 
 
@@ -58,7 +59,10 @@ class Tiny(kserve.Model):  # type: ignore[misc]
             block = bytearray(self.leak_mib << 20)
             block[::4096] = b"\x01" * len(block[::4096])  # touch each page: resident, not just mapped
             self.kept.append(block)
-        x = torch.from_numpy(payload.inputs[0].as_numpy().reshape(-1, 16).copy())
+        data = payload.inputs[0].as_numpy()
+        if data.size % 16:  # a handled error: HTTP 400 / gRPC INVALID_ARGUMENT, the connection kept
+            raise InvalidInput(f"x: expected rows of 16 values, got {data.size}")
+        x = torch.from_numpy(data.reshape(-1, 16).astype("float32"))
         with torch.no_grad():
             y = self.net(x).numpy()
         out = InferOutput(name="y", shape=list(y.shape), datatype="FP32")

@@ -43,6 +43,11 @@ class KServe:
 
     def __init__(self, log: Path) -> None:
         self.http_port, self.grpc_port = free_port(), free_port()
+        self.log = log
+        self.start()
+
+    def start(self) -> None:
+        log = self.log
         self.proc = subprocess.Popen(
             [
                 str(_servers_python()),
@@ -54,10 +59,9 @@ class KServe:
                 "--stall-every",
                 str(STALL_EVERY),
             ],
-            stdout=log.open("w"),  # kserve logs every request: a file, never an unread pipe
+            stdout=log.open("a"),  # kserve logs every request: a file, never an unread pipe
             stderr=subprocess.STDOUT,
         )
-        self.log = log
 
         def up() -> bool:
             if self.proc.poll() is not None:
@@ -206,6 +210,53 @@ def test_samples_are_whole_requests(proto: str, kserve: KServe, tmp_path: Path) 
         (samples / "r9.json").write_text('{"inputs": [{"name": "x"}]}')
         res = run_soakd("--target", url, "--target-model", "tiny", "--samples", str(samples), "--duration", "1s")
         assert res.returncode == 2 and "r9.json: not a KServe v2 JSON infer request" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("proto", ["rest", "grpc"])
+def test_error_answers_are_counted_by_class(proto: str, kserve: KServe, tmp_path: Path) -> None:
+    """One sample in three does not fit the model: the server answers HTTP 400, or gRPC
+    INVALID_ARGUMENT (class 4xx); those requests are errors, the rest ok, the target stays up."""
+    url = kserve.rest if proto == "rest" else kserve.grpc
+    samples = tmp_path / "requests"
+    samples.mkdir()
+    for i, n in enumerate((16, 16, 3)):  # 3 values: the model refuses them
+        tensor = {"name": "x", "shape": [1, n], "datatype": "FP32", "data": [0.5] * n}
+        (samples / f"r{i}.json").write_text(json.dumps({"inputs": [tensor]}))
+    s = soak(url, "tiny", tmp_path, "--samples", str(samples), "--concurrency", "3", "--duration", "2s")
+    req, resp = s["requests"], s["target"]["responses"]
+    assert req["ok"] == resp["2xx"] > 20 and req["error"] == resp["4xx"] > 10
+    assert abs(req["ok"] - 2 * req["error"]) <= 6  # the bodies go out in turn
+    assert s["target"]["outages"] == 0
+
+
+def test_grpc_server_killed_and_restarted_mid_soak(tmp_path: Path, daemon_factory: Any) -> None:
+    """gRPC UNAVAILABLE marks the target down (target_up 0, errors of class none); the channel
+    reconnects within soakd's back-off once the server is back on the same port."""
+    server = KServe(tmp_path / "server.log")
+    out = tmp_path / "summary.json"
+    try:
+        d = daemon_factory(
+            "--target", server.grpc, "--api", "kserve-v2", "--target-model", "tiny", "--concurrency", "2",
+            "--duration", "60s", "--summary-json", str(out), "--state-dir", str(tmp_path / "state"),
+        )  # fmt: skip
+        d.wait_ready()
+        up = f'target="{server.grpc}"'
+        server.stop()
+        wait_for(lambda: metric_value(d.metrics(), "soakd_target_up", up) == 0, 10, what="target_up 0")
+        server.start()
+        wait_for(lambda: metric_value(d.metrics(), "soakd_target_up", up) == 1, 30, what="target_up 1 again")
+        before = metric_value(d.metrics(), "soakd_requests_total", 'outcome="ok"') or 0
+        wait_for(
+            lambda: (metric_value(d.metrics(), "soakd_requests_total", 'outcome="ok"') or 0) > before + 50,
+            10,
+            what="requests answered again",
+        )
+        assert d.stop() == 0
+    finally:
+        server.stop()
+    s = json.loads(out.read_text())
+    assert s["target"]["outages"] == 1 and s["target"]["down_seconds"] > 0 and s["target"]["up"] is True
+    assert s["requests"]["error"] == s["target"]["responses"]["none"] > 0
 
 
 @pytest.mark.parametrize("proto", ["rest", "grpc"])
