@@ -37,6 +37,7 @@ from soakd.names import LEAK_SERIES, STAGES, TARGET_METRIC_PREFIX
 from soakd.specs import (
     BUILTIN_DEFAULT_SHAPES,
     SEQ_PREFIX,
+    V2_DATATYPES,
     SeqLenSpec,
     check_crontab,
     check_model_input,
@@ -269,7 +270,7 @@ class TargetConfig:
     """A served model instead of ``[model]`` (soakd/targets/): soakd is then only the client."""
 
     url: str | None = None  # None: the model in [model] runs in soakd's own process
-    api: str = "http"  # http | openai | kserve-v2 (the last: not built yet)
+    api: str = "http"  # http | openai | kserve-v2
     model: str | None = None  # the served model's name (openai: None = the first of GET /models)
     # --api openai (soakd/targets/openai.py):
     openai_endpoint: str = "chat"  # chat: /chat/completions | completions: /completions
@@ -278,6 +279,7 @@ class TargetConfig:
     output_tokens: str | None = field(default=None, metadata={"int_as_text": True})
     tokenizer: str | None = None  # a local tokenizer dir: synthetic prompts of exact token lengths
     chunk_timeout: float = _duration(10.0)  # streamed: the longest wait for the next chunk
+    datatype: str | None = None  # kserve-v2 tensors: None = the model's declared one, else FP32
     timeout: float = _duration(30.0)  # per request, connection wait included; later: outcome timeout
     max_connections: int | None = None  # None: load.concurrency (closed loop) or 256 (open loop)
     watch_pid: list[int] = field(default_factory=list)  # server processes whose RSS/USS are sampled
@@ -826,10 +828,15 @@ def _validate_target(cfg: Config) -> None:
 
     parts = urlsplit(tg.url)
     _require(
-        parts.scheme in ("http", "https") and bool(parts.hostname),
-        f"target.url: expected http://HOST[:PORT]/PATH, got {tg.url!r}",
+        parts.scheme in ("http", "https", "grpc") and bool(parts.hostname),
+        f"target.url: expected http://HOST[:PORT]/PATH (or grpc://HOST:PORT for kserve-v2), got {tg.url!r}",
     )
-    _require(tg.api in ("http", "openai"), f"target.api: {tg.api} is not built yet (use --api http or openai)")
+    if tg.api == "kserve-v2":
+        grpc_ok = parts.scheme != "grpc" or (parts.port is not None and parts.path in ("", "/"))
+        _require(grpc_ok, f"target.url: expected grpc://HOST:PORT (a port, no path), got {tg.url!r}")
+        _validate_kserve(cfg)
+    else:
+        _require(parts.scheme != "grpc", f"target.url: grpc:// is for --api kserve-v2, got --api {tg.api}")
     _require(
         cfg.model.spec == ModelConfig.spec,
         f"model.spec and target.url: choose one (a model in soakd's process, or a served one), "
@@ -838,8 +845,23 @@ def _validate_target(cfg: Config) -> None:
     if tg.api == "openai":
         _validate_openai(cfg)
         return
+    if tg.api == "http":
+        _require(
+            cfg.input.samples is not None,
+            "input.samples: --api http POSTs the .json files of --samples DIR; none given",
+        )
+
+
+def _validate_kserve(cfg: Config) -> None:
+    tg = cfg.target
+    _require(bool(tg.model), "target.model: --api kserve-v2 needs the served model's name (--target-model NAME)")
     _require(
-        cfg.input.samples is not None, "input.samples: --api http POSTs the .json files of --samples DIR; none given"
+        tg.datatype is None or tg.datatype in V2_DATATYPES,
+        f"target.datatype: expected one of {', '.join(V2_DATATYPES)}, got {tg.datatype!r}",
+    )
+    _require(
+        not is_seq_spec(cfg.input.shapes),
+        f"input.shapes: {cfg.input.shapes!r} is a token-length spec; kserve-v2 takes tensor shapes (16, 3x224x224)",
     )
 
 

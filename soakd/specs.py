@@ -140,6 +140,27 @@ def parse_shape_mix(spec: str) -> list[tuple[Shape, float]]:
     return [(s, w / total) for s, w in items]
 
 
+# --------------------------------------------------------------------------- KServe v2 tensors
+
+# The Open Inference Protocol's tensor datatypes soakd can make (``[target] datatype``), each with
+# the numpy dtype its data is made and sent in (raw little-endian bytes over gRPC, numbers in JSON).
+# BYTES (strings) and BF16 have no numpy dtype: a model taking them is soaked with --samples.
+V2_DATATYPES: dict[str, str] = {
+    "BOOL": "bool",
+    "UINT8": "uint8",
+    "UINT16": "uint16",
+    "UINT32": "uint32",
+    "UINT64": "uint64",
+    "INT8": "int8",
+    "INT16": "int16",
+    "INT32": "int32",
+    "INT64": "int64",
+    "FP16": "float16",
+    "FP32": "float32",
+    "FP64": "float64",
+}
+
+
 # --------------------------------------------------------------------------- sequence lengths
 
 SEQ_PREFIX = "seq:"

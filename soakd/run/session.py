@@ -139,11 +139,12 @@ class RunSession:
         """A served model: open the client and check the URL instead of loading a model."""
         cfg = self.cfg
         self.health.starting = "starting: connecting to and warming up the target"
-        source = steps.network_source(cfg)  # no bodies or prompts: exit 2 before anything connects
+        early = steps.read_inputs(cfg)  # no bodies or prompts: exit 2 before anything connects
         target, connect_s = steps.open_network_target(cfg, self.metrics)
         self.health.target_down = target.down_reason
         self.target_summary = target.summary
         try:
+            source = steps.network_source(cfg, target, early)
             if self.stop.event.is_set():
                 return self._stopped_early(life, "connecting")
             return self._with_telemetry(
@@ -222,7 +223,7 @@ class RunSession:
         self,
         life: Lifecycle,
         target: ClientTarget,
-        source: steps.NetworkSource,
+        source: RequestSource,
         connect_s: float,
         series: SeriesStore,
         telemetry: Telemetry,

@@ -19,11 +19,13 @@ from soakd.models.loader import LoadedModel, load_model
 from soakd.targets.base import WarmupResult
 from soakd.targets.client import ClientTarget
 from soakd.targets.http import HttpTarget
+from soakd.targets.kserve import KServeGrpcTarget, KServeRestTarget, V2Model, kserve_target
 from soakd.targets.local import LocalModelTarget
 from soakd.targets.openai import OpenAITarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.workload.bodies import BodySource
 from soakd.workload.prompts import PromptSource
+from soakd.workload.shapes import ShapeSource
 from soakd.workload.sources import RequestSource, build_source
 
 log = logging.getLogger("soakd")
@@ -177,10 +179,18 @@ def _openai_target(cfg: Config, metrics: Metrics, limit: int) -> ClientTarget:
     )
 
 
+def _kserve_target(cfg: Config, metrics: Metrics, limit: int) -> ClientTarget:
+    tg = cfg.target
+    assert tg.url is not None and tg.model is not None  # config validation requires both
+    model = V2Model(tg.url, tg.model, cfg.input.shapes, tg.datatype, samples=cfg.input.samples is not None)
+    return kserve_target(tg.url, metrics, model=model, max_connections=limit, timeout=tg.timeout)
+
+
 # One client per --api: (the target, built from the config and the connection limit).
 PROTOCOLS: dict[str, Callable[[Config, Metrics, int], ClientTarget]] = {
     "http": _http_target,
     "openai": _openai_target,
+    "kserve-v2": _kserve_target,  # the URL scheme picks REST (http://) or gRPC (grpc://)
 }
 
 
@@ -202,11 +212,10 @@ def open_network_target(cfg: Config, metrics: Metrics) -> tuple[ClientTarget, fl
     return target, seconds
 
 
-NetworkSource = BodySource | PromptSource
-
-
-def network_source(cfg: Config) -> NetworkSource:
-    """What a served model is sent, per --api; ConfigError before anything connects."""
+def read_inputs(cfg: Config) -> BodySource | PromptSource | None:
+    """What can be read before anything connects (ConfigError, exit 2, on bad samples or
+    prompts): openai's prompts, or the bodies ``--samples`` holds. None: kserve-v2 tensors,
+    made once the model's metadata is known (:func:`network_source`)."""
     if cfg.target.api == "openai":
         source = PromptSource(cfg)
         log.info("%s", source.describe)
@@ -214,19 +223,40 @@ def network_source(cfg: Config) -> NetworkSource:
     return body_source(cfg)
 
 
-def body_source(cfg: Config) -> BodySource:
-    """The request bodies ``--samples`` holds; ConfigError naming the dir when it holds none."""
-    assert cfg.input.samples is not None  # config validation requires it for --api http
+def body_source(cfg: Config) -> BodySource | None:
+    """The request bodies ``--samples`` holds (read before anything connects); ConfigError naming
+    the dir when it holds none. None without ``--samples`` (kserve-v2 then makes tensors)."""
+    if cfg.input.samples is None:  # config validation requires it for --api http
+        return None
     source = BodySource(cfg.input.samples)
     log.info("%d request bodies (%.1f KiB) from %s", len(source.bodies), source.total_bytes / 1024, cfg.input.samples)
     return source
 
 
+def network_source(cfg: Config, target: ClientTarget, early: BodySource | PromptSource | None) -> RequestSource:
+    """What the soak sends, made once now that the target is checked: openai's prompts, the
+    bodies as they are, or (kserve-v2) JSON bodies as gRPC messages, or the pooled tensors of
+    ``--input-shapes`` (else the model's declared shape) encoded for the model's input."""
+    if isinstance(early, PromptSource):
+        return early
+    bodies = early
+    if isinstance(target, KServeGrpcTarget | KServeRestTarget) and bodies is None:
+        v2 = target.model.input
+        assert v2 is not None  # settled by the start check
+        source = ShapeSource(v2.spec, pool=cfg.input.pool, seed=cfg.load.seed, encode=target.encode)
+        log.info("%d pooled %s tensors per shape of %s, for input %r", cfg.input.pool, v2.datatype, v2.spec, v2.name)
+        return source
+    assert bodies is not None
+    if isinstance(target, KServeGrpcTarget):
+        bodies.encode(target.encode_body)
+    return bodies
+
+
 def warm_up_target(
-    cfg: Config, target: ClientTarget, source: NetworkSource, stop: threading.Event, metrics: Metrics | None = None
+    cfg: Config, target: ClientTarget, source: RequestSource, stop: threading.Event, metrics: Metrics | None = None
 ) -> WarmupResult:
     """``model.warmup`` requests one by one, kept out of the histograms and counters."""
-    res = target.warm_up(source.bodies, cfg.model.warmup, stop)
+    res = target.warm_up([payload for _, payload in source.warmup_inputs()], cfg.model.warmup, stop)
     if metrics is not None:
         metrics.first_inference.set(res.first_seconds)
         metrics.warmup.set(res.total_seconds)
@@ -260,7 +290,9 @@ def target_fingerprint(cfg: Config, run_id: str) -> dict[str, Any]:
         model_spec=f"{tg.api}:{tg.url}",
         model_sha256=None,
         device=None,
-        input_desc=f"samples {cfg.input.samples}" if cfg.input.samples else f"shapes {cfg.input.shapes}",
+        input_desc=f"samples {cfg.input.samples}"
+        if cfg.input.samples
+        else f"shapes {cfg.input.shapes or '(the model declares)'}",
         target={"url": tg.url, "api": tg.api, "model": tg.model},
     )
 

@@ -6,6 +6,7 @@ loop never waits on a disk; a body set past :data:`MAX_TOTAL_BYTES` is refused r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import cycle
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,8 @@ class BodySource:
     def __init__(self, root: str, extensions: tuple[str, ...] = (".json",)) -> None:
         self.root = root
         paths = [p for p in walk_samples(root) if Path(p).suffix.lower() in extensions]
-        self.bodies: list[bytes] = []
+        self.paths = paths
+        self.bodies: list[Any] = []  # bytes, or what encode() made of them
         total = 0
         for path in paths:
             try:
@@ -44,8 +46,15 @@ class BodySource:
         self.total_bytes = total
         self._next = cycle(self.bodies).__next__
 
-    def next(self) -> tuple[Any, bytes]:
+    def encode(self, encode: Callable[[str, bytes], Any]) -> None:
+        """Turn each body, once, into what the protocol sends (``encode(path, body)``: a gRPC
+        message for a JSON file), so the hot path does no parsing."""
+        self.bodies = [encode(p, b) for p, b in zip(self.paths, self.bodies, strict=True)]
+        self._next = cycle(self.bodies).__next__
+
+    def next(self) -> tuple[Any, Any]:
         return None, self._next()
 
     def warmup_inputs(self) -> list[tuple[Any, Any]]:
-        return []
+        """Every body, for a network target's warm-up requests."""
+        return [(None, b) for b in self.bodies]

@@ -242,4 +242,5 @@ class PromptSource:
         return None, self._synthetic(int(self._lengths.pop()))
 
     def warmup_inputs(self) -> list[tuple[Any, Any]]:
-        return []
+        """The few prompts a network target's warm-up requests cycle through."""
+        return [(None, p) for p in self.bodies]

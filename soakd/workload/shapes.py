@@ -6,6 +6,9 @@ hundred nanoseconds and the load generator never competes with the model for the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -21,11 +24,24 @@ class ShapeSource:
     preprocess = None
     bad_log = None
 
-    def __init__(self, spec: str, *, pool: int = 8, dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
+    def __init__(
+        self,
+        spec: str,
+        *,
+        pool: int = 8,
+        dtype: torch.dtype = torch.float32,
+        seed: int = 0,
+        encode: Callable[[Shape, torch.Tensor], Any] | None = None,
+    ) -> None:
+        """``encode`` (a network target's): each pooled tensor is kept only as the payload it
+        makes (JSON bytes, a gRPC message), made once here."""
         self.mix = parse_shape_mix(spec)
         self.shapes = [s for s, _ in self.mix]
         gen = torch.Generator().manual_seed(seed)
-        self._pools = [[torch.randn(s, generator=gen).to(dtype) for _ in range(pool)] for s in self.shapes]
+        made = (lambda s, t: t) if encode is None else encode
+        self._pools: list[list[Any]] = [
+            [made(s, torch.randn(s, generator=gen).to(dtype)) for _ in range(pool)] for s in self.shapes
+        ]
         self._weights = np.array([w for _, w in self.mix])
         self._rng = np.random.default_rng(seed)
         self._draws: list[int] = []
@@ -37,7 +53,7 @@ class ShapeSource:
         else:
             self._draws = self._rng.choice(len(self.shapes), size=4096, p=self._weights).tolist()
 
-    def next(self) -> tuple[Shape, torch.Tensor]:
+    def next(self) -> tuple[Shape, Any]:
         if not self._draws:
             self._refill()
         k = self._draws.pop()
@@ -45,5 +61,5 @@ class ShapeSource:
         pool = self._pools[k]
         return self.shapes[k], pool[self._turn % len(pool)]
 
-    def warmup_inputs(self) -> list[tuple[Shape, torch.Tensor]]:
+    def warmup_inputs(self) -> list[tuple[Shape, Any]]:
         return [(s, p[0]) for s, p in zip(self.shapes, self._pools, strict=True)]
