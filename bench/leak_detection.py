@@ -44,13 +44,13 @@ class Outcome:
     start: float
 
 
-def judge_one(args: tuple[str, str, int, DetectorParams, float, float]) -> Outcome:
-    which, shape, seed, params, step, floor = args
+def judge_one(args: tuple[str, str, int, DetectorParams, float, float, float]) -> Outcome:
+    which, shape, seed, params, step, floor, hours = args
     if which == "tuning":
-        tr = corpus.generate(shape, seed)
+        tr = corpus.generate(shape, seed, duration=hours * 3600.0)
         t, v, leaking, start, rate = tr.t, tr.v, tr.leaking, tr.leak_start, tr.leak_rate
     else:
-        h = held.generate(shape, seed)
+        h = held.generate(shape, seed, duration=hours * 3600.0)
         t, v, leaking, start, rate = h.t, h.v, h.leaking, h.leak_start, h.leak_rate
     r = replay(t, v, params, floor, step=step)
     ups = [at for at, up in r.flips if up]
@@ -123,19 +123,37 @@ def main() -> int:
         metavar="FIELD=VALUE",
         help="override a DetectorParams field, e.g. --set alpha=0.005",
     )
+    ap.add_argument("--hours", type=float, default=6.0, help="trace length (24: the any-moment false alarms of a day)")
+    ap.add_argument("--shapes", default="", help="comma-separated shapes to judge (default all)")
+    ap.add_argument("--leak-free", action="store_true", help="judge the leak-free shapes only")
     ap.add_argument("--floor", type=float, default=DEFAULT_FLOOR_BYTES_PER_HOUR, help="bytes/hour")
     ns = ap.parse_args()
     params = DetectorParams(**{k: float(v) for k, v in (item.split("=", 1) for item in ns.set)})
-    work: list[tuple[str, str, int, DetectorParams, float, float]] = []
+    only = {x for x in ns.shapes.split(",") if x}
+
+    def wanted(shape: str, free: bool) -> bool:
+        return (not only or shape in only) and (free or not ns.leak_free)
+
+    work: list[tuple[str, str, int, DetectorParams, float, float, float]] = []
     if ns.corpus in ("tuning", "both"):
-        work += [("tuning", p, s, params, ns.step, ns.floor) for p in corpus.PATTERNS for s in range(ns.seeds)]
+        work += [
+            ("tuning", p, s, params, ns.step, ns.floor, ns.hours)
+            for p in corpus.PATTERNS
+            if wanted(p, p in corpus.LEAK_FREE)
+            for s in range(ns.seeds)
+        ]
     if ns.corpus in ("heldout", "both"):
-        work += [("heldout", p, s, params, ns.step, ns.floor) for p in held.SHAPES for s in range(ns.seeds)]
+        work += [
+            ("heldout", p, s, params, ns.step, ns.floor, ns.hours)
+            for p in held.SHAPES
+            if wanted(p, p in held.LEAK_FREE)
+            for s in range(ns.seeds)
+        ]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(ns.jobs) as pool:
         out = list(pool.map(judge_one, work, chunksize=4))
     print(
-        f"leak detection: {len(out)} traces of 6 h at 10 s, {ns.seeds} per shape, a look every "
+        f"leak detection: {len(out)} traces of {ns.hours:g} h at 10 s, {ns.seeds} per shape, a look every "
         f"{ns.step / 60:.0f} min; {params}; floor {ns.floor / MIB:.1f} MiB/h"
     )
     for name in ("tuning", "heldout"):

@@ -2,8 +2,10 @@
 
 Leak-free patterns are the things that fool naive trend tests (warm-up then plateau, a single
 step when a new input shape appears, GC / allocator sawtooth, slow load swings, autocorrelated
-noise); leak patterns are what leaks look like (slow creep under noise, creep under a sawtooth,
-staircases of steps that never come back, a leak that starts hours in). Every trace is drawn
+noise, slow wander of the level, a 24 h load cycle, allocator pools that grow ever more rarely);
+leak patterns are what leaks look like (slow creep under noise, creep under a sawtooth,
+staircases of steps that never come back, rare large steps, a leak that starts hours in or at
+any time, a faint leak under slow wander). Every trace is drawn
 from its own seed, so a (pattern, seed) pair names one trace for tests and the benchmark.
 
 Defaults: 6 h at 10 s sampling, leak rates log-uniform from 5 MiB/h to 200 MiB/h, noise with
@@ -159,8 +161,77 @@ def _p_late_leak(rng: np.random.Generator, t: Array) -> PatternOut:
     return v, start, rate, p
 
 
+def wander(rng: np.random.Generator, n: int, interval: float, sd: float, corr_time: float) -> Array:
+    """A slowly varying level: AR(1) at ``interval`` with correlation time ``corr_time``
+    (seconds) and stationary standard deviation ``sd`` (the load mix drifting, no sawtooth)."""
+    return ar1_noise(rng, n, sd, float(np.exp(-interval / corr_time)))
+
+
+def _p_wander(rng: np.random.Generator, t: Array) -> PatternOut:
+    sd = _loguniform(rng, 1.5 * MIB, 8 * MIB)
+    tau = _loguniform(rng, 15 * MINUTE, 90 * MINUTE)
+    return wander(rng, t.size, float(t[1] - t[0]), sd, tau), None, 0.0, {"wander_sd": sd, "wander_tau": tau}
+
+
+def _p_diurnal(rng: np.random.Generator, t: Array) -> PatternOut:
+    # Load that follows the day: a 24 h swing (6 h of it is a slow rise or fall) and its
+    # second harmonic, with a little wander on top.
+    amp = _loguniform(rng, 4 * MIB, 24 * MIB)
+    phase = rng.uniform(0, 2 * np.pi)
+    day = 2 * np.pi * t / (24 * HOUR)
+    v = amp * (np.sin(day + phase) + 0.3 * np.sin(2 * day + 2 * phase))
+    v = v + wander(rng, t.size, float(t[1] - t[0]), 0.3 * amp, 30 * MINUTE)
+    return v, None, 0.0, {"diurnal_amp": amp}
+
+
+def _p_alloc_plateaus(rng: np.random.Generator, t: Array) -> PatternOut:
+    # A caching allocator reserving segments: each growth comes later than the one before and
+    # is no bigger (the pool converges on the working set), so the level settles.
+    v = np.zeros_like(t)
+    at = rng.uniform(5.0, 30.0) * MINUTE
+    size = _loguniform(rng, 8 * MIB, 128 * MIB)
+    gap = rng.uniform(15.0, 40.0) * MINUTE
+    while at < t[-1]:
+        v[t >= at] += size
+        gap *= rng.uniform(1.6, 2.6)
+        at += gap
+        size *= rng.uniform(0.4, 1.0)
+    return v, None, 0.0, {}
+
+
+def _p_faint_wander(rng: np.random.Generator, t: Array) -> PatternOut:
+    sd = _loguniform(rng, 2 * MIB, 6 * MIB)
+    tau = _loguniform(rng, 10 * MINUTE, 45 * MINUTE)
+    rate = rng.uniform(3.0, 8.0) * MIB
+    v = wander(rng, t.size, float(t[1] - t[0]), sd, tau) + rate * t / HOUR
+    return v, 0.0, rate, {"wander_sd": sd, "wander_tau": tau}
+
+
+def _p_rare_staircase(rng: np.random.Generator, t: Array) -> PatternOut:
+    # A leak in chunks: a few large steps of random size at random gaps, none given back.
+    gap = rng.uniform(40.0, 100.0) * MINUTE
+    mean_size = _loguniform(rng, 8 * MIB, 160 * MIB)
+    v = np.zeros_like(t)
+    at = rng.uniform(0.3, 1.0) * gap
+    while at < t[-1]:
+        v[t >= at] += mean_size * rng.uniform(0.4, 1.6)
+        at += gap * rng.exponential(1.0) + 5 * MINUTE
+    return v, 0.0, mean_size * HOUR / (gap + 5 * MINUTE), {"stair_gap": gap}
+
+
+def _p_leak_anytime(rng: np.random.Generator, t: Array) -> PatternOut:
+    start = rng.uniform(0.0, 4.5) * HOUR
+    rate = _loguniform(rng, 10 * MIB, 200 * MIB)
+    v = rate * np.clip(t - start, 0.0, None) / HOUR
+    v = v + wander(rng, t.size, float(t[1] - t[0]), _loguniform(rng, 0.5 * MIB, 3 * MIB), 20 * MINUTE)
+    return v, start, rate, {}
+
+
 LEAK_FREE: dict[str, PatternFn] = {
     "noise": _p_noise,
+    "wander": _p_wander,
+    "diurnal": _p_diurnal,
+    "alloc_plateaus": _p_alloc_plateaus,
     "warmup_plateau": _p_warmup,
     "step": _p_step,
     "sawtooth": _p_sawtooth,
@@ -171,6 +242,9 @@ LEAKING: dict[str, PatternFn] = {
     "sawtooth_creep": _p_sawtooth_creep,
     "staircase": _p_staircase,
     "late_leak": _p_late_leak,
+    "faint_wander": _p_faint_wander,
+    "rare_staircase": _p_rare_staircase,
+    "leak_anytime": _p_leak_anytime,
 }
 PATTERNS: dict[str, PatternFn] = {**LEAK_FREE, **LEAKING}
 
