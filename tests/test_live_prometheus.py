@@ -1,11 +1,12 @@
 """The dashboards and rules against a real Prometheus scraping a real soakd.
 
-One session for the module: two soakd runs (an in-process model in open loop, so schedule lag
-has data too; and a network soak of tests/http_target_server.py with its process watched and its
-/metrics scraped, for the served-model panels) and Prometheus scraping both (scrape and rule
-evaluation every second, the repo's rule files loaded). Then every PromQL expression of every
-dashboard panel goes through Prometheus' HTTP API with Grafana's variables substituted, as
-Grafana would send it, with $instance selecting both soakd runs.
+One session for the module: three soakd runs (an in-process model in open loop, so schedule lag
+has data too; a network soak of tests/http_target_server.py with its process watched and its
+/metrics scraped, for the served-model panels; and an --api openai soak of
+tests/openai_fake_server.py, streamed, for the LLM panels) and Prometheus scraping them (scrape
+and rule evaluation every second, the repo's rule files loaded). Then every PromQL expression of
+every dashboard panel goes through Prometheus' HTTP API with Grafana's variables substituted, as
+Grafana would send it, with $instance selecting every soakd run.
 """
 
 from __future__ import annotations
@@ -37,11 +38,8 @@ pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="needs Prometheus (De
 DASHBOARDS = sorted((REPO / "grafana" / "dashboards").glob("*.json"))
 # Panels on these metrics need a CUDA device / NVML: they may be empty on a CPU-only host.
 GPU_METRIC = re.compile(r"\bsoakd_(torch_cuda|gpu|target_gpu)_\w+")
-# Panels on LLM streams need an --api openai target (not this session's --api http one).
-LLM_METRIC = re.compile(
-    r"\bsoakd_(time_to_first_token|inter_token_latency|time_per_output_token)_seconds|\bsoakd_(tokens|goodput_requests)_total"
-)
 HTTP_SERVER = REPO / "tests" / "http_target_server.py"
+OPENAI_SERVER = REPO / "tests" / "openai_fake_server.py"
 # How long non-GPU panels may take to get data (leak verdicts need warm-up plus a window).
 DATA_DEADLINE_S = 75.0
 
@@ -50,7 +48,9 @@ DATA_DEADLINE_S = 75.0
 class Stack:
     soakd: Daemon
     net: Daemon  # the network soak: --target ... --api http --watch-pid --scrape
+    llm: Daemon  # the LLM soak: --api openai, streamed, for the TTFT/ITL/TPOT/tokens/goodput panels
     server: subprocess.Popen[str]
+    llm_server: subprocess.Popen[str]
     prom_url: str
     prom_proc: subprocess.Popen[bytes]
     prom_log: Path
@@ -63,6 +63,10 @@ class Stack:
     @property
     def net_instance(self) -> str:
         return f"127.0.0.1:{self.net.port}"
+
+    @property
+    def llm_instance(self) -> str:
+        return f"127.0.0.1:{self.llm.port}"
 
     def api(self, path: str, **params: str) -> Any:
         url = f"{self.prom_url}/api/v1/{path}"
@@ -146,6 +150,31 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         ],
         tmp,
     )
+    # A streaming LLM server (the suite's fake OpenAI-compatible one) for the LLM panels.
+    llm_port = free_port()
+    llm_server = subprocess.Popen(
+        [sys.executable, str(OPENAI_SERVER), str(llm_port)], stdout=subprocess.PIPE, text=True
+    )
+    assert llm_server.stdout is not None and llm_server.stdout.readline().startswith("ready"), "openai server"
+    llm = Daemon(
+        [
+            "--target",
+            f"http://127.0.0.1:{llm_port}/v1",
+            "--api",
+            "openai",
+            "--input-shapes",
+            "seq:fixed(n=16)",
+            "--output-tokens",
+            "8",
+            "--rate",
+            "20",
+            "--warmup",
+            "0",
+            "--state-dir",
+            str(tmp / "llm-state"),
+        ],
+        tmp,
+    )
     prom_port = free_port()
     config = tmp / "prometheus.yml"
     config.write_text(
@@ -156,7 +185,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 "scrape_configs": [
                     {
                         "job_name": "soakd",
-                        "static_configs": [{"targets": [f"127.0.0.1:{soakd.port}", f"127.0.0.1:{net.port}"]}],
+                        "static_configs": [{"targets": [f"127.0.0.1:{d.port}" for d in (soakd, net, llm)]}],
                     },
                 ],
             }
@@ -175,10 +204,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    s = Stack(soakd, net, server, f"http://127.0.0.1:{prom_port}", prom, prom_log, time.monotonic())
+    s = Stack(soakd, net, llm, server, llm_server, f"http://127.0.0.1:{prom_port}", prom, prom_log, time.monotonic())
     try:
         _wait_serving(soakd)
         _wait_serving(net)
+        _wait_serving(llm)
 
         def prometheus_ready() -> bool:
             if prom.poll() is not None:
@@ -188,12 +218,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 return status == 200
 
         wait_for(prometheus_ready, 30, what="Prometheus to be ready")
-        wait_for(lambda: len(_values(s.query('up{job="soakd"} == 1'))) == 2, 30, what="Prometheus to scrape soakd")
+        wait_for(lambda: len(_values(s.query('up{job="soakd"} == 1'))) == 3, 30, what="Prometheus to scrape soakd")
         yield s
     finally:
         net.stop()
-        server.kill()
-        server.wait()
+        llm.stop()
+        for srv in (server, llm_server):
+            srv.kill()
+            srv.wait()
         prom.terminate()
         try:
             prom.wait(20)
@@ -267,7 +299,7 @@ def test_every_panel_query_parses_and_non_gpu_panels_show_data(stack: Stack) -> 
     """Every dashboard query is valid PromQL; every one not on GPU metrics returns data from a live soak."""
     values = {
         "job": "soakd",
-        "instance": f"{stack.instance}|{stack.net_instance}",  # Grafana's multi-value regex
+        "instance": f"{stack.instance}|{stack.net_instance}|{stack.llm_instance}",  # Grafana's multi-value regex
         "gpu": ".*",
         "stage": "e2e",
         "__rate_interval": "20s",
@@ -276,7 +308,6 @@ def test_every_panel_query_parses_and_non_gpu_panels_show_data(stack: Stack) -> 
     }
     pending: dict[str, list[str]] = {}  # expr -> the panels that use it
     gpu_empty: dict[str, list[str]] = {}
-    llm_empty: dict[str, list[str]] = {}
     for dash, title, raw in panel_queries():
         expr = grafana_substitute(raw, values)
         resp = stack.query(expr)
@@ -285,9 +316,6 @@ def test_every_panel_query_parses_and_non_gpu_panels_show_data(stack: Stack) -> 
         if GPU_METRIC.search(expr):
             if not _has_data(resp):
                 gpu_empty.setdefault(expr, []).append(where)
-        elif LLM_METRIC.search(expr):
-            if not _has_data(resp):
-                llm_empty.setdefault(expr, []).append(where)
         elif not _has_data(resp):
             pending.setdefault(expr, []).append(where)
     # Rates, recording rules and leak verdicts need a few evaluations: poll the rest.
@@ -303,10 +331,9 @@ def test_every_panel_query_parses_and_non_gpu_panels_show_data(stack: Stack) -> 
     )
     assert stack.soakd.proc.poll() is None, stack.soakd.output()
     assert stack.net.proc.poll() is None, stack.net.output()
+    assert stack.llm.proc.poll() is None, stack.llm.output()
     gpu_panels = sorted({w for ws in gpu_empty.values() for w in ws})
     print("GPU panels without data on this host:", *gpu_panels, sep="\n  ")  # shown with -s
-    llm_panels = sorted({w for ws in llm_empty.values() for w in ws})
-    print("LLM panels without data (no --api openai soak here):", *llm_panels, sep="\n  ")
 
 
 def test_served_model_panels_show_the_network_soak(stack: Stack) -> None:
