@@ -19,6 +19,8 @@ GRAFANA = REPO / "grafana"
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
 DS_REF = {"type": "prometheus", "uid": "${datasource}"}
 NVML_METRIC = re.compile(r"\bsoakd_gpu_\w+")
+
+
 def load(path: Path) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(path.read_text())
     return doc

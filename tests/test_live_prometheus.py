@@ -401,7 +401,7 @@ def test_variable_queries_find_the_soak(stack: Stack) -> None:
             if var["name"] == "job":
                 assert found == ["soakd"]
             elif var["name"] == "instance":
-                assert found == sorted([stack.instance, stack.net_instance])
+                assert found == sorted([stack.instance, stack.net_instance, stack.llm_instance])
 
 
 def test_every_recording_rule_has_data(stack: Stack) -> None:
