@@ -311,8 +311,11 @@ def test_scraped_gauge_that_creeps_is_flagged(creeping: Server, bodies: Path, tm
     started = time.monotonic()
     try:
         d.wait_ready()
+        # The first scrape runs on the scheduler's first tick, not before the first request: up
+        # within a few intervals is what a user sees (a busy CI host once missed it by a hair).
+        up = f'source="scrape:{creeping.url("/metrics")}"'
+        wait_for(lambda: metric_value(d.metrics(), "soakd_collector_up", up) == 1, 10, what=f"collector_up{{{up}}} 1")
         text = d.metrics()
-        assert metric_value(text, "soakd_collector_up", f'source="scrape:{creeping.url("/metrics")}"') == 1
         got = metric_value(text, "soakd_target_metric", 'name="vllm:kv_cache_usage_perc"')
         assert got is not None and 0.2 <= got < 0.5
         assert metric_value(text, "soakd_target_metric", 'name="vllm:num_requests_waiting"') == 3
