@@ -50,6 +50,26 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def open_nvml(nvml: Any = None) -> tuple[Any, list[Any]]:
+    """``nvml`` (None: the ``pynvml`` module) initialised, and a handle per GPU in index order.
+    Raises SourceUnavailable when there is no driver or no GPU."""
+    if nvml is None:
+        import pynvml  # loaded on first open: hosts without the NVIDIA library never import it
+
+        nvml = pynvml
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        # No driver here: NVMLError_LibraryNotFound (12) without libnvidia-ml,
+        # NVMLError_DriverNotLoaded (9) with the library but no kernel module.
+        raise SourceUnavailable(f"NVML: {exc}") from None
+    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+    if not handles:
+        nvml.nvmlShutdown()
+        raise SourceUnavailable("NVML sees no GPU")
+    return nvml, handles
+
+
 @dataclass
 class _Gpu:
     index: int
@@ -79,40 +99,23 @@ class NvmlSampler:
         """``uuids``: the GPUs the model uses, for the leak series (None: every GPU)."""
         self.metrics = metrics
         self.series = series
-        self._nvml = nvml
+        self.nvml: Any = nvml  # the backend; None: pynvml, imported by open()
         self.pid = os.getpid() if pid is None else pid
         self.uuids = set(uuids) if uuids is not None else None
         self.clock = clock
         self.gpus: list[_Gpu] = []
         self.driver_version = ""
 
-    @property
-    def nvml(self) -> Any:
-        if self._nvml is None:
-            import pynvml  # loaded on first use: hosts without the NVIDIA library never import it
-
-            self._nvml = pynvml
-        return self._nvml
-
     def open(self) -> None:
-        nv = self.nvml
-        try:
-            nv.nvmlInit()
-        except nv.NVMLError as exc:
-            # No driver here: NVMLError_LibraryNotFound (12) without libnvidia-ml,
-            # NVMLError_DriverNotLoaded (9) with the library but no kernel module.
-            raise SourceUnavailable(f"NVML: {exc}") from None
+        nv, handles = open_nvml(self.nvml)
+        self.nvml = nv
         try:
             self.driver_version = _text(nv.nvmlSystemGetDriverVersion())
         except nv.NVMLError:
             self.driver_version = ""
-        self.gpus = []
-        for i in range(nv.nvmlDeviceGetCount()):
-            h = nv.nvmlDeviceGetHandleByIndex(i)
-            self.gpus.append(_Gpu(i, h, _text(nv.nvmlDeviceGetUUID(h)), _text(nv.nvmlDeviceGetName(h))))
-        if not self.gpus:
-            nv.nvmlShutdown()
-            raise SourceUnavailable("NVML sees no GPU")
+        self.gpus = [
+            _Gpu(i, h, _text(nv.nvmlDeviceGetUUID(h)), _text(nv.nvmlDeviceGetName(h))) for i, h in enumerate(handles)
+        ]
         if self.uuids is not None and not self.uuids & {g.uuid for g in self.gpus}:
             # e.g. a MIG instance ("MIG-..." in NVML): rather every GPU than a series stuck at 0.
             self.uuids = None

@@ -29,6 +29,7 @@ from typing import Any
 from soakd.errors import TargetError
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.host import ProcFS
+from soakd.telemetry.nvml import open_nvml
 from soakd.telemetry.scheduler import SourceUnavailable
 from soakd.telemetry.series import SeriesStore
 
@@ -200,29 +201,13 @@ class TargetGpuSampler:
         self.metrics = metrics
         self.series = series
         self.watched = list(watched)
-        self._nvml = nvml
+        self.nvml: Any = nvml  # the backend; None: pynvml, imported by open()
         self.clock = clock
         self.handles: list[Any] = []
         self._exported: set[tuple[str, str]] = set()
 
-    @property
-    def nvml(self) -> Any:
-        if self._nvml is None:
-            import pynvml  # loaded on first use: hosts without the NVIDIA library never import it
-
-            self._nvml = pynvml
-        return self._nvml
-
     def open(self) -> None:
-        nv = self.nvml
-        try:
-            nv.nvmlInit()
-        except nv.NVMLError as exc:  # no driver or no library here
-            raise SourceUnavailable(f"NVML: {exc}") from None
-        self.handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
-        if not self.handles:
-            nv.nvmlShutdown()
-            raise SourceUnavailable("NVML sees no GPU")
+        self.nvml, self.handles = open_nvml(self.nvml)
 
     def sample(self) -> None:
         nv = self.nvml
