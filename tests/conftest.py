@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -12,7 +13,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -69,6 +70,32 @@ def soakd_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "soakd", *args]
 
 
+def run_soakd(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``soakd run ARGS`` to its end, on a free metrics port, its output captured."""
+    return subprocess.run(
+        soakd_cmd("run", "--metrics-addr", f"127.0.0.1:{free_port()}", *args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def summary_args(cwd: Path) -> tuple[Path, list[str]]:
+    """A fresh summary JSON path in ``cwd`` and the flags that write it there, with the state
+    store in ``cwd/state``."""
+    out = cwd / f"summary-{time.monotonic_ns()}.json"
+    return out, ["--summary-json", str(out), "--state-dir", str(cwd / "state")]
+
+
+def soak(cwd: Path, *args: str, timeout: float = 60) -> dict[str, Any]:
+    """``soakd run ARGS`` to its end (exit 0 asserted, its output shown otherwise); its summary."""
+    out, extra = summary_args(cwd)
+    res = run_soakd(*args, *extra, timeout=timeout)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return json.loads(out.read_text())  # type: ignore[no-any-return]
+
+
 def scrape(port: int, path: str = "/metrics", timeout: float = 5.0) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as resp:
         body: bytes = resp.read()  # urlopen's response is untyped
@@ -110,9 +137,15 @@ def metric_value(exposition: str, name: str, labels: str = "") -> float | None:
 class Daemon:
     """A ``soakd run`` subprocess with its metrics port, stopped (SIGTERM) at the end."""
 
-    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None, *, summary: bool = False) -> None:
+        """``summary``: write a summary JSON (read it with :meth:`summary`) and keep the state
+        store in ``cwd/state``."""
         self.port = free_port()
         self.log = cwd / f"soakd-{self.port}.log"
+        self.summary_path: Path | None = None
+        if summary:
+            self.summary_path, extra = summary_args(cwd)
+            args = [*args, *extra]
         self._fh = self.log.open("w")
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(
@@ -137,6 +170,11 @@ class Daemon:
 
         wait_for(started, timeout, what="soakd to start serving requests")
 
+    def summary(self) -> dict[str, Any]:
+        """The summary JSON of a daemon started with ``summary=True``, once it has exited."""
+        assert self.summary_path is not None, "started without summary=True"
+        return json.loads(self.summary_path.read_text())  # type: ignore[no-any-return]
+
     def output(self) -> str:
         self._fh.flush()
         return self.log.read_text()
@@ -157,8 +195,8 @@ class Daemon:
 def daemon_factory(tmp_path: Path) -> Iterator[object]:
     started: list[Daemon] = []
 
-    def start(*args: str, env: dict[str, str] | None = None) -> Daemon:
-        d = Daemon(list(args), tmp_path, env)
+    def start(*args: str, env: dict[str, str] | None = None, summary: bool = False) -> Daemon:
+        d = Daemon(list(args), tmp_path, env, summary=summary)
         started.append(d)
         return d
 

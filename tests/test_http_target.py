@@ -5,7 +5,6 @@ there, one that dies and comes back, one that stalls, and its memory watched by 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -19,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Daemon, free_port, metric_value, soakd_cmd, wait_for
+
+from tests.conftest import Daemon, free_port, metric_value, run_soakd, soak, soakd_cmd, wait_for
 
 SERVER = Path(__file__).resolve().parent / "http_target_server.py"
 
@@ -79,39 +79,15 @@ def bodies(tmp_path: Path) -> Path:
     return d
 
 
-def run_soakd(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        soakd_cmd("run", "--metrics-addr", f"127.0.0.1:{free_port()}", *args),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-
-
-def soak(url: str, bodies: Path, tmp_path: Path, *args: str) -> dict[str, Any]:
-    out = tmp_path / "summary.json"
-    res = run_soakd(
-        "--target",
-        url,
-        "--api",
-        "http",
-        "--samples",
-        str(bodies),
-        "--summary-json",
-        str(out),
-        "--state-dir",
-        str(tmp_path / "state"),
-        *args,
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
-    return json.loads(out.read_text())  # type: ignore[no-any-return]
+def http_soak(url: str, bodies: Path, tmp_path: Path, *args: str) -> dict[str, Any]:
+    """A soak of ``url`` with ``bodies`` to its end; its summary."""
+    return soak(tmp_path, "--target", url, "--api", "http", "--samples", str(bodies), *args)
 
 
 def test_closed_loop_soak_measures_every_stage(server: Server, bodies: Path, tmp_path: Path) -> None:
     """A closed-loop soak completes requests with e2e/queue/inference timings, and its warm-up
     requests reach the server but none of the counts."""
-    s = soak(server.url("/ok"), bodies, tmp_path, "--concurrency", "4", "--duration", "3s", "--warmup", "5")
+    s = http_soak(server.url("/ok"), bodies, tmp_path, "--concurrency", "4", "--duration", "3s", "--warmup", "5")
     ok = s["requests"]["ok"]
     assert ok > 50 and s["throughput_rps"] > 0
     assert sum(s["requests"].values()) == ok
@@ -128,7 +104,7 @@ def test_closed_loop_soak_measures_every_stage(server: Server, bodies: Path, tmp
 
 def test_bad_responses_are_errors_by_status_class(server: Server, bodies: Path, tmp_path: Path) -> None:
     """4xx and 5xx answers count as errors; the status classes say which."""
-    s = soak(server.url("/mixed"), bodies, tmp_path, "--concurrency", "4", "--duration", "2s", "--warmup", "0")
+    s = http_soak(server.url("/mixed"), bodies, tmp_path, "--concurrency", "4", "--duration", "2s", "--warmup", "0")
     resp, req = s["target"]["responses"], s["requests"]
     assert req["ok"] == resp["2xx"] > 0
     assert req["error"] == resp["4xx"] + resp["5xx"]
@@ -197,7 +173,7 @@ def test_server_that_stops_answering_is_a_timeout(bodies: Path, tmp_path: Path) 
     cfg = tmp_path / "soak.toml"
     cfg.write_text('[target]\ntimeout = "0.3s"\n')
     try:
-        s = soak(
+        s = http_soak(
             srv.url("/stall"),
             bodies,
             tmp_path,
@@ -250,7 +226,6 @@ def _healthz(port: int) -> str:
 def test_server_killed_and_restarted_mid_soak(server: Server, bodies: Path, tmp_path: Path) -> None:
     """The soak goes on through an outage: errors counted, target_up 0 then 1, /healthz says why,
     and the summary holds the down time."""
-    out = tmp_path / "summary.json"
     d = Daemon(
         [
             "--target",
@@ -265,12 +240,9 @@ def test_server_killed_and_restarted_mid_soak(server: Server, bodies: Path, tmp_
             "9s",
             "--warmup",
             "2",
-            "--summary-json",
-            str(out),
-            "--state-dir",
-            str(tmp_path / "state"),
         ],
         tmp_path,
+        summary=True,
     )
     up = f'target="{server.url("/ok")}"'
     try:
@@ -288,7 +260,7 @@ def test_server_killed_and_restarted_mid_soak(server: Server, bodies: Path, tmp_
         assert d.proc.wait(40) == 0, d.output()
     finally:
         d.stop()
-    s = json.loads(out.read_text())
+    s = d.summary()
     assert s["requests"]["error"] > 0 and s["requests"]["ok"] > 0
     assert server.stats()["requests"] > 0  # the restarted server got the soak's requests
     tg = s["target"]
@@ -306,7 +278,7 @@ def test_open_loop_stall_counts_from_intended_send_time(bodies: Path, tmp_path: 
     cfg = tmp_path / "soak.toml"
     cfg.write_text("[target]\nmax_connections = 4\n")
     try:
-        s = soak(
+        s = http_soak(
             srv.url("/stall"),
             bodies,
             tmp_path,
@@ -338,7 +310,6 @@ def test_watch_pid_samples_the_server_process(server: Server, bodies: Path, tmp_
     """--watch-pid: the server's RSS and USS in /metrics and as the target_rss leak series; a
     watched pid that exits is a source down, not a crash."""
     short = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
-    out = tmp_path / "summary.json"
     d = Daemon(
         [
             "--target",
@@ -359,12 +330,9 @@ def test_watch_pid_samples_the_server_process(server: Server, bodies: Path, tmp_
             str(server.pid),
             "--watch-pid",
             str(short.pid),
-            "--summary-json",
-            str(out),
-            "--state-dir",
-            str(tmp_path / "state"),
         ],
         tmp_path,
+        summary=True,
     )
     pid = f'pid="{server.pid}"'
     try:
@@ -386,7 +354,7 @@ def test_watch_pid_samples_the_server_process(server: Server, bodies: Path, tmp_
     finally:
         d.stop()
         short.kill()
-    s = json.loads(out.read_text())
+    s = d.summary()
     assert s["memory"]["target_rss"]["samples"] >= 5
     assert "target_uss" in s["memory"]
     assert d.log.read_text().count(f"target_process:{short.pid}: sample failed") == 1

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, free_port, metric_value, soakd_cmd, wait_for
+
+from tests.conftest import REPO, free_port, metric_value, run_soakd, soak, soakd_cmd, wait_for
 
 SERVER = Path(__file__).resolve().parent / "kserve_server.py"
 VENV = Path(os.environ.get("SOAKD_SERVERS_VENV") or REPO / ".venv-servers")
@@ -97,31 +98,13 @@ def kserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KServe]:
     server.stop()
 
 
-def run_soakd(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        soakd_cmd("run", "--metrics-addr", f"127.0.0.1:{free_port()}", "--api", "kserve-v2", *args),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+def run_kserve(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    return run_soakd("--api", "kserve-v2", *args, timeout=timeout)
 
 
-def soak(url: str, model: str, tmp_path: Path, *args: str) -> dict[str, Any]:
-    out = tmp_path / f"summary-{time.monotonic_ns()}.json"
-    res = run_soakd(
-        "--target",
-        url,
-        "--target-model",
-        model,
-        "--summary-json",
-        str(out),
-        "--state-dir",
-        str(tmp_path / "state"),
-        *args,
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
-    return json.loads(out.read_text())  # type: ignore[no-any-return]
+def kserve_soak(url: str, model: str, tmp_path: Path, *args: str) -> dict[str, Any]:
+    """A soak of ``model`` at ``url`` to its end; its summary."""
+    return soak(tmp_path, "--api", "kserve-v2", "--target", url, "--target-model", model, *args, timeout=90)
 
 
 @pytest.mark.parametrize("proto", ["rest", "grpc"])
@@ -129,7 +112,7 @@ def test_soak_times_every_stage(proto: str, kserve: KServe, tmp_path: Path) -> N
     """A closed-loop soak over REST, and one over gRPC: requests answered ok, each stage timed,
     the target up throughout; the input named from the model's metadata (x), its shape too."""
     url = kserve.rest if proto == "rest" else kserve.grpc
-    s = soak(url, "tiny", tmp_path, "--concurrency", "4", "--duration", "3s", "--warmup", "5")
+    s = kserve_soak(url, "tiny", tmp_path, "--concurrency", "4", "--duration", "3s", "--warmup", "5")
     ok = s["requests"]["ok"]
     assert ok > 50 and sum(s["requests"].values()) == ok  # no error: the request fits the model
     for stage in ("e2e", "queue", "inference"):
@@ -186,7 +169,7 @@ def test_stalling_server_shows_in_open_loop_percentiles(kserve: KServe, tmp_path
     during each stall wait behind it and are timed from when they were due: p99 reaches the
     stall and p90 shows the requests behind it. A client that timed from the actual send
     (coordinated omission) would see one slow request in 40, and a p90 of a few ms."""
-    s = soak(kserve.rest, "stally", tmp_path, "--rate", "50", "--duration", "6s", "--warmup", "0")
+    s = kserve_soak(kserve.rest, "stally", tmp_path, "--rate", "50", "--duration", "6s", "--warmup", "0")
     e2e = s["latency_ms"]["e2e"]
     assert s["requests"]["ok"] > 200 and e2e["count"] == s["requests"]["ok"]
     assert e2e["p99"] >= STALL_MS * 0.95
@@ -203,12 +186,12 @@ def test_samples_are_whole_requests(proto: str, kserve: KServe, tmp_path: Path) 
     for i in range(2):
         tensor = {"name": "x", "shape": [i + 1, 16], "datatype": "FP32", "data": [0.5] * 16 * (i + 1)}
         (samples / f"r{i}.json").write_text(json.dumps({"inputs": [tensor]}))
-    s = soak(url, "tiny", tmp_path, "--samples", str(samples), "--concurrency", "2", "--duration", "2s")
+    s = kserve_soak(url, "tiny", tmp_path, "--samples", str(samples), "--concurrency", "2", "--duration", "2s")
     assert s["requests"]["ok"] > 20 and s["requests"]["ok"] == sum(s["requests"].values())
     assert s["run"]["input"] == f"samples {samples}"
     if proto == "grpc":
         (samples / "r9.json").write_text('{"inputs": [{"name": "x"}]}')
-        res = run_soakd("--target", url, "--target-model", "tiny", "--samples", str(samples), "--duration", "1s")
+        res = run_kserve("--target", url, "--target-model", "tiny", "--samples", str(samples), "--duration", "1s")
         assert res.returncode == 2 and "r9.json: not a KServe v2 JSON infer request" in res.stderr, res.stderr
 
 
@@ -222,7 +205,7 @@ def test_error_answers_are_counted_by_class(proto: str, kserve: KServe, tmp_path
     for i, n in enumerate((16, 16, 3)):  # 3 values: the model refuses them
         tensor = {"name": "x", "shape": [1, n], "datatype": "FP32", "data": [0.5] * n}
         (samples / f"r{i}.json").write_text(json.dumps({"inputs": [tensor]}))
-    s = soak(url, "tiny", tmp_path, "--samples", str(samples), "--concurrency", "3", "--duration", "2s")
+    s = kserve_soak(url, "tiny", tmp_path, "--samples", str(samples), "--concurrency", "3", "--duration", "2s")
     req, resp = s["requests"], s["target"]["responses"]
     assert req["ok"] == resp["2xx"] > 20 and req["error"] == resp["4xx"] > 10
     assert abs(req["ok"] - 2 * req["error"]) <= 6  # the bodies go out in turn
@@ -233,11 +216,10 @@ def test_grpc_server_killed_and_restarted_mid_soak(tmp_path: Path, daemon_factor
     """gRPC UNAVAILABLE marks the target down (target_up 0, errors of class none); the channel
     reconnects within soakd's back-off once the server is back on the same port."""
     server = KServe(tmp_path / "server.log")
-    out = tmp_path / "summary.json"
     try:
         d = daemon_factory(
             "--target", server.grpc, "--api", "kserve-v2", "--target-model", "tiny", "--concurrency", "2",
-            "--duration", "60s", "--summary-json", str(out), "--state-dir", str(tmp_path / "state"),
+            "--duration", "60s", summary=True,
         )  # fmt: skip
         d.wait_ready()
         up = f'target="{server.grpc}"'
@@ -254,7 +236,7 @@ def test_grpc_server_killed_and_restarted_mid_soak(tmp_path: Path, daemon_factor
         assert d.stop() == 0
     finally:
         server.stop()
-    s = json.loads(out.read_text())
+    s = d.summary()
     assert s["target"]["outages"] == 1 and s["target"]["down_seconds"] > 0 and s["target"]["up"] is True
     assert s["requests"]["error"] == s["target"]["responses"]["none"] > 0
 
@@ -301,7 +283,7 @@ def test_refused_and_usage_errors_are_exit_2() -> None:
         (["--target", "grpc://127.0.0.1", "--target-model", "m"], "target.url: expected grpc://HOST:PORT"),
     ]
     for args, says in cases:
-        res = run_soakd(*args, "--duration", "1s", timeout=60)
+        res = run_kserve(*args, "--duration", "1s", timeout=60)
         assert res.returncode == 2, res.stderr
         assert says in res.stderr and "Traceback" not in res.stderr, res.stderr
     res = subprocess.run(

@@ -5,7 +5,6 @@ that answers ``systemctl show`` from files the test writes; NVML is the recorded
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import subprocess
@@ -16,9 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import Daemon, free_port, metric_value, wait_for
 from telemetry_fakes import FakeNvml
-from test_http_target import Server, run_soakd
+from test_http_target import Server
 
 from soakd.analysis.monitor import LeakMonitor
 from soakd.config import LeakConfig
@@ -28,6 +26,7 @@ from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.scrape import ScrapeSampler, parse_page
 from soakd.telemetry.series import SeriesStore
 from soakd.telemetry.watched import TargetGpuSampler, TargetProcessSampler, UnitResolver
+from tests.conftest import Daemon, free_port, metric_value, run_soakd, wait_for
 
 MIB = float(1 << 20)
 # As systemctl answers `show -p LoadState -p MainPID -- UNIT`: a unit it does not know is
@@ -104,7 +103,6 @@ def test_unit_is_followed_across_a_restart(systemd: Path, tmp_path: Path) -> Non
     the level reset."""
     first, second = holder(40), None
     (systemd / "llm.service").write_text(str(first.pid))
-    out = tmp_path / "summary.json"
     d = Daemon(
         [
             "--model",
@@ -117,12 +115,9 @@ def test_unit_is_followed_across_a_restart(systemd: Path, tmp_path: Path) -> Non
             "0.5s",
             "--watch-unit",
             "llm.service",
-            "--summary-json",
-            str(out),
-            "--state-dir",
-            str(tmp_path / "state"),
         ],
         tmp_path,
+        summary=True,
     )
     rss = "soakd_target_process_resident_memory_bytes"
     try:
@@ -146,7 +141,7 @@ def test_unit_is_followed_across_a_restart(systemd: Path, tmp_path: Path) -> Non
             second.kill()
     log = d.log.read_text()
     assert log.count(f"watched unit llm.service restarted: main process {first.pid} -> {second.pid}") == 1
-    s = json.loads(out.read_text())
+    s = d.summary()
     assert s["memory"]["target_rss"]["samples"] >= 10  # one series across both processes
     with sqlite3.connect(tmp_path / "state" / "soakd.db") as db:
         (detail,) = db.execute("SELECT detail FROM events WHERE kind = 'series_reset'").fetchone()
