@@ -20,6 +20,10 @@ At every look (every evaluation of the live monitor, every step of a replay):
     minutes of warm-up; a faint one on a long span once the data carry it;
   * a flagged span must also grow at least at the series' floor (bytes/hour) and not slow
     down significantly from its older half to its newer half (a warm-up tail does).
+  * a staircase (three or more level shifts up within the window, none given back, still
+    coming, not at ever longer gaps as an allocator settling steps) is a leak too when its
+    trend stands out from the noise without the shifts: taking out the largest shift hides
+    it from the span tests, whose noise holds the other shifts.
 The verdict flips to suspected on the first flagged look. It clears only after the signs
 have been gone for ``persistence`` seconds: a suspected series "holds" while some span still
 rises at z >= 2 and half the floor.
@@ -41,8 +45,10 @@ import numpy as np
 from soakd.analysis.trend import (
     Array,
     bin_minima,
+    level_shifts,
     ols_slope,
     slope_variance,
+    take_out_shifts,
     take_out_step,
     trailing_min,
     upper_tail,
@@ -63,6 +69,9 @@ KNEE_POINTS = 60  # the knee search runs on at most this many points
 SPAN_PER_TROUGH = 1.0  # the shortest span judged, in trough spans
 HISTORY = 2.0  # a span is judged against the noise of at least this many times its length
 HISTORY_WINDOWS = 2  # the noise is measured over up to this many windows
+STAIR_STEPS = 3  # a staircase has at least this many level shifts up within the window
+STAIR_SETTLING = 1.25  # gaps each at least this much longer than the one before: settling
+STAIR_OPEN = 2.0  # steps have stopped once the newest gap is this many times the longest
 STEP_SETTLE = 900.0  # seconds: a level shift that settles within this counts as one step
 
 
@@ -168,6 +177,7 @@ class _Span:
     holds: bool
     detectable: float
     why: str
+    steps: int = 0  # a staircase: the level shifts it rose by (0: a trend test)
 
 
 class Grid:
@@ -251,13 +261,21 @@ class Grid:
                 False, math.nan, 1.0, reason, start, int(y.size), self.last, judged_seconds=(m - w) * p.bin
             )
         results = [self._span(y, noise, n, floor, full) for n in spans]
+        stair = self._staircase(y[-win:], floor)
+        if stair is not None:
+            results.insert(0, stair)  # never the longest span shown for "no leak"
         flagged = [r for r in results if r.positive]
         best = min(flagged or results, key=lambda r: r.p_adj)
         shown = best if flagged else results[-1]  # a clear verdict shows the longest, steadiest span
         p_adj = best.p_adj
         detectable = min(r.detectable for r in results)
         judged = y.size * p.bin  # every trough point judged (the noise), the longest trend span within
-        if flagged:
+        if flagged and best.steps:
+            reason = (
+                f"troughs step up {best.steps} times over the last {_dur(best.points * p.bin)}, never given back "
+                f"({best.slope / MIB:.2f} MiB/h, p={p_adj:.2g} over the run)"
+            )
+        elif flagged:
             reason = (
                 f"troughs rise {best.slope / MIB:.2f} MiB/h over the last {_dur(best.points * p.bin)} "
                 f"(p={p_adj:.2g} over the run)"
@@ -292,6 +310,43 @@ class Grid:
         p = self.params
         k = max(1, round(p.trough_span / p.bin))
         return sorted({kk for kk in (1, k // 6, k // 3, k) if kk >= 1}, reverse=True)  # widest first
+
+    def _staircase(self, y: Array, floor: float) -> _Span | None:
+        """A staircase: level shifts up, STAIR_STEPS or more within the window, none given back,
+        still coming (the newest gap no longer than STAIR_OPEN times the longest before it), and
+        not at ever longer gaps (a caching allocator settling on its working set). Its slope is
+        the troughs' trend from the first step on; its p-value that slope against the noise
+        without the shifts. None when the shifts do not make one."""
+        p = self.params
+        lag = max(2, round(STEP_SETTLE / p.bin))
+        shifts = sorted(level_shifts(y, lag))
+        ups = [(i, d) for i, d in shifts if d > 0]
+        if len(ups) < STAIR_STEPS:
+            return None
+        sizes = np.array([d for _, d in ups])
+        if any(-d >= 0.5 * float(np.median(sizes)) for _, d in shifts if d < 0):
+            return None  # given back: a level that moves both ways
+        at = np.array([i for i, _ in ups], dtype=np.float64)
+        gaps = np.diff(at)
+        if np.all(gaps[1:] >= STAIR_SETTLING * gaps[:-1]):
+            return None
+        start = max(0, int(at[0]) - int(np.max(gaps)))
+        seg = y[start:]
+        per_hour = 3600.0 / p.bin
+        slope = ols_slope(seg) * per_hour
+        quiet = take_out_shifts(y, shifts)
+        var = slope_variance(quiet, seg.size)
+        se = math.sqrt(var) * per_hour if var > 0 else 0.0
+        z = slope / se if se > 0 else (math.inf if slope > 0 else 0.0)
+        alpha_n = p.span_alpha(min(seg.size, round(p.window / p.bin)))
+        pv = upper_tail(z) if math.isfinite(z) else 0.0
+        p_adj = min(1.0, pv / alpha_n * p.alpha)
+        coming = y.size - at[-1] <= STAIR_OPEN * float(np.max(gaps))
+        positive = coming and slope >= floor and pv < alpha_n
+        holds = coming and slope >= 0.5 * floor and z >= HOLD_Z
+        if not (positive or holds):
+            return None
+        return _Span(seg.size, slope, se, p_adj, positive, holds, math.inf, "", len(ups))
 
     def _span(self, history: Array, noise: Array, n: int, floor: float, full: Array) -> _Span:
         p = self.params

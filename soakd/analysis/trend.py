@@ -370,3 +370,43 @@ def lag_variogram(y: Array, lags: int) -> Array:
     win = np.lib.stride_tricks.sliding_window_view(r, lags)
     d = win - win[:, :1]
     return np.asarray(np.mean(d * d, axis=0), dtype=np.float64)
+
+
+def level_shifts(y: Array, max_lag: int, min_sigmas: float = 5.0, limit: int = 12) -> list[tuple[int, float]]:
+    """The level shifts of ``y``, largest first: (index the shift ends at, size; negative for a
+    fall), each a change over up to ``max_lag`` points that stands out by ``min_sigmas`` robust
+    spreads from the changes ``y`` shows over ``max_lag`` points, up to ``limit`` of them.
+
+    The spread counts only the changes that happen: a trough envelope holds flat for long
+    stretches, and counting those zeros would make every wiggle of its noise a shift."""
+    if y.size <= max_lag + 2:
+        return []
+    d = y[max_lag:] - y[:-max_lag]
+    d = d[d != 0]
+    if d.size < 5:
+        return []
+    centre = float(np.median(d))
+    spread = 1.4826 * float(np.median(np.abs(d - centre)))
+    out = y.copy()
+    found: list[tuple[int, float]] = []
+    for _ in range(limit):
+        best, at, lag = 0.0, 0, 1
+        for k in range(1, min(max_lag, out.size - 1) + 1):
+            dk = out[k:] - out[:-k]
+            i = int(np.argmax(np.abs(dk - centre * k / max_lag)))
+            if abs(dk[i]) > abs(best):
+                best, at, lag = float(dk[i]), i, k
+        if best == 0 or abs(best - centre * lag / max_lag) <= min_sigmas * spread:
+            break
+        out[at + lag :] -= best
+        out[at + 1 : at + lag] = out[at]
+        found.append((at + lag, best))
+    return found
+
+
+def take_out_shifts(y: Array, shifts: list[tuple[int, float]]) -> Array:
+    """``y`` with the level shifts of :func:`level_shifts` (index ends, sizes) taken out."""
+    out = y.copy()
+    for at, size in shifts:
+        out[at:] -= size
+    return out
