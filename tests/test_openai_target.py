@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_port, soakd_cmd
+
+from tests.conftest import free_port, run_soakd, soak, summary_args
 
 SERVER = Path(__file__).resolve().parent / "openai_fake_server.py"
 USAGE_PROMPT_TOKENS = 7  # what the fake's usage says, whatever the prompt
@@ -31,40 +32,24 @@ def base() -> Iterator[str]:
     proc.wait()
 
 
-def run_soakd(base: str, tmp_path: Path, *args: str, config: str = "") -> tuple[subprocess.CompletedProcess[str], Path]:
-    out = tmp_path / "summary.json"
-    extra = []
+def openai_args(base: str, tmp_path: Path, config: str = "") -> list[str]:
+    """The flags of a soak of the fake at ``base``; ``config``: TOML for a ``--config`` file."""
+    args = ["--target", base, "--api", "openai"]
     if config:
         cfg = tmp_path / "soakd.toml"
         cfg.write_text(config)
-        extra = ["--config", str(cfg)]
-    res = subprocess.run(
-        soakd_cmd(
-            "run",
-            *extra,
-            "--metrics-addr",
-            f"127.0.0.1:{free_port()}",
-            "--target",
-            base,
-            "--api",
-            "openai",
-            "--summary-json",
-            str(out),
-            "--state-dir",
-            str(tmp_path / "state"),
-            *args,
-        ),
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
-    return res, out
+        args += ["--config", str(cfg)]
+    return args
 
 
-def soak(base: str, tmp_path: Path, *args: str, config: str = "") -> dict[str, Any]:
-    res, out = run_soakd(base, tmp_path, *args, config=config)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return json.loads(out.read_text())  # type: ignore[no-any-return]
+def openai_soak(base: str, tmp_path: Path, *args: str, config: str = "") -> dict[str, Any]:
+    """A soak of the fake to its end (exit 0 asserted); its summary."""
+    return soak(tmp_path, *openai_args(base, tmp_path, config), *args, timeout=90)
+
+
+def run_openai(base: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``soakd run`` against the fake to its end, whatever its exit; its output."""
+    return run_soakd(*openai_args(base, tmp_path), *args, timeout=90)
 
 
 SHORT = ("--concurrency", "2", "--duration", "2s", "--warmup", "2", "--input-shapes", "seq:fixed(n=20)")
@@ -73,7 +58,7 @@ SHORT = ("--concurrency", "2", "--duration", "2s", "--warmup", "2", "--input-sha
 def test_tokens_from_usage_and_per_token_timings(base: str, tmp_path: Path) -> None:
     """The server's usage is what is counted; TTFT, ITL and TPOT come once per request (ITL once
     per gap between content chunks); the default model is the first the server lists."""
-    s = soak(base, tmp_path, *SHORT, "--output-tokens", "8")
+    s = openai_soak(base, tmp_path, *SHORT, "--output-tokens", "8")
     ok = s["requests"]["ok"]
     assert ok > 10 and sum(s["requests"].values()) == ok
     llm = s["llm"]
@@ -91,7 +76,9 @@ def test_tokens_from_usage_and_per_token_timings(base: str, tmp_path: Path) -> N
 def test_tokens_counted_from_the_stream_without_usage(base: str, tmp_path: Path) -> None:
     """No usage: output tokens are the content chunks, input tokens the prompt's requested length;
     a stream that ends without [DONE] is complete."""
-    s = soak(base, tmp_path, *SHORT, "--target-model", "fake-nousage", "--output-tokens", "seq:uniform(min=3,max=5)")
+    s = openai_soak(
+        base, tmp_path, *SHORT, "--target-model", "fake-nousage", "--output-tokens", "seq:uniform(min=3,max=5)"
+    )
     ok = s["requests"]["ok"]
     assert ok > 10 and sum(s["requests"].values()) == ok
     llm = s["llm"]
@@ -102,14 +89,14 @@ def test_tokens_counted_from_the_stream_without_usage(base: str, tmp_path: Path)
 
 def test_goodput_counts_requests_within_the_slos(base: str, tmp_path: Path) -> None:
     """A TPOT limit below what the server does: no request is good, throughput stays."""
-    s = soak(base, tmp_path, *SHORT, "--output-tokens", "8", config="[slo]\ntpot_ms = 0.001\n")
+    s = openai_soak(base, tmp_path, *SHORT, "--output-tokens", "8", config="[slo]\ntpot_ms = 0.001\n")
     assert s["requests"]["ok"] > 10
     assert s["llm"]["goodput_rps"] == 0 and s["llm"]["goodput_requests"] == 0
 
 
 def test_a_stream_that_stalls_is_a_timeout_not_a_hang(base: str, tmp_path: Path) -> None:
     t0 = time.monotonic()
-    s = soak(
+    s = openai_soak(
         base,
         tmp_path,
         "--concurrency",
@@ -131,7 +118,8 @@ def test_a_stream_that_stalls_is_a_timeout_not_a_hang(base: str, tmp_path: Path)
 
 
 def test_an_error_chunk_is_an_error(base: str, tmp_path: Path) -> None:
-    res, out = run_soakd(base, tmp_path, *SHORT, "--target-model", "fake-error", "--warmup", "0")
+    out, extra = summary_args(tmp_path)
+    res = run_openai(base, tmp_path, *SHORT, "--target-model", "fake-error", "--warmup", "0", *extra)
     assert res.returncode == 0, res.stderr
     s = json.loads(out.read_text())
     assert s["requests"]["error"] > 0 and s["requests"]["ok"] == 0
@@ -141,7 +129,7 @@ def test_an_error_chunk_is_an_error(base: str, tmp_path: Path) -> None:
 def test_not_streamed(base: str, tmp_path: Path) -> None:
     """stream = false: tokens from the answer's usage; no per-token timings."""
     config = '[target]\nstream = false\nopenai_endpoint = "completions"\n'
-    s = soak(base, tmp_path, *SHORT, "--output-tokens", "4", config=config)
+    s = openai_soak(base, tmp_path, *SHORT, "--output-tokens", "4", config=config)
     ok = s["requests"]["ok"]
     assert ok > 10 and s["llm"]["output_tokens"] == 4 * ok
     assert s["llm"]["input_tokens"] == USAGE_PROMPT_TOKENS * ok
@@ -150,7 +138,7 @@ def test_not_streamed(base: str, tmp_path: Path) -> None:
 
 
 def test_a_model_the_server_does_not_list_is_exit_2(base: str, tmp_path: Path) -> None:
-    res, _ = run_soakd(base, tmp_path, *SHORT, "--target-model", "no-such-llm")
+    res = run_openai(base, tmp_path, *SHORT, "--target-model", "no-such-llm")
     assert res.returncode == 2, res.stdout + res.stderr
     assert "no-such-llm" in res.stderr and "fake-llm" in res.stderr and "Traceback" not in res.stderr
 
@@ -164,7 +152,7 @@ def test_a_model_the_server_does_not_list_is_exit_2(base: str, tmp_path: Path) -
     ],
 )
 def test_bad_openai_input_is_exit_2(base: str, tmp_path: Path, args: tuple[str, ...], words: tuple[str, ...]) -> None:
-    res, _ = run_soakd(base, tmp_path, "--duration", "1s", *args)
+    res = run_openai(base, tmp_path, "--duration", "1s", *args)
     assert res.returncode == 2, res.stdout + res.stderr
     for w in words:
         assert w in res.stderr
@@ -181,7 +169,7 @@ def test_chat_jsonl_and_prompt_files_from_samples(base: str, tmp_path: Path) -> 
         + json.dumps({"prompt": "the quick brown fox"})
         + "\n"
     )
-    s = soak(
+    s = openai_soak(
         base,
         tmp_path,
         "--concurrency",
@@ -202,7 +190,7 @@ def test_chat_jsonl_and_prompt_files_from_samples(base: str, tmp_path: Path) -> 
     # The cycle a.txt (5 tokens out), chat (its own max_tokens 3), prompt (5): 13 per three.
     assert 13 * (ok // 3) <= s["llm"]["output_tokens"] <= 13 * (ok // 3) + 10
     (d / "c.jsonl").write_text('{"nothing": 1}\n')
-    res, _ = run_soakd(base, tmp_path, "--duration", "1s", "--samples", str(d))
+    res = run_openai(base, tmp_path, "--duration", "1s", "--samples", str(d))
     assert res.returncode == 2 and "c.jsonl:1" in res.stderr
 
 
@@ -232,7 +220,7 @@ def test_synthetic_prompts_without_a_tokenizer_are_words_per_token(tmp_path: Pat
 def test_open_loop_ttft_counts_from_the_intended_send(base: str, tmp_path: Path) -> None:
     """Open loop past what one connection carries: requests wait in the client's pool (the queue
     stage), and TTFT, counted from the intended send as e2e is, includes that wait."""
-    s = soak(
+    s = openai_soak(
         base,
         tmp_path,
         "--rate",
