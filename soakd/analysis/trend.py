@@ -175,18 +175,38 @@ def remove_largest_step(y: Array, max_lag: int = 2, min_sigmas: float = 4.0) -> 
     # a few points at a time; counting those zeros would make every wiggle a "step").
     d1 = np.diff(y)
     d1 = d1[d1 != 0]
-    spread = 1.4826 * float(np.median(np.abs(d1 - np.median(d1)))) if d1.size else 0.0
-    best, at, lag = 0.0, 0, 1
-    for k in range(1, min(max_lag, y.size - 1) + 1):
-        d = y[k:] - y[:-k]
-        i = int(np.argmax(d))
-        if d[i] > best:
-            best, at, lag = float(d[i]), i, k
+    spread = _robust_spread(d1)[1] if d1.size else 0.0
+    best, at, lag = _largest_change(y, max_lag)
     if best <= 0 or best < min_sigmas * spread:
         return out, 0
-    out[at + lag :] -= best
-    out[at + 1 : at + lag] = y[at]
+    _shift_out(out, best, at, lag)
     return out, at + lag
+
+
+def _robust_spread(d: Array) -> tuple[float, float]:
+    """Median of ``d`` and its median absolute deviation scaled to a normal's sigma."""
+    centre = float(np.median(d))
+    return centre, 1.4826 * float(np.median(np.abs(d - centre)))
+
+
+def _largest_change(y: Array, max_lag: int, centre: float = 0.0, *, falls: bool = False) -> tuple[float, int, int]:
+    """(size, start index, lag) of the largest change of ``y`` over 1..``max_lag`` points: the
+    largest rise, or with ``falls`` the largest in size either way, each lag's candidate picked
+    against ``centre`` per ``max_lag`` points (the usual drift). (0.0, 0, 1) when none."""
+    best, at, lag = 0.0, 0, 1
+    for k in range(1, min(max_lag, y.size - 1) + 1):
+        dk = y[k:] - y[:-k]
+        i = int(np.argmax(np.abs(dk - centre * k / max_lag))) if falls else int(np.argmax(dk))
+        if (abs(dk[i]) > abs(best)) if falls else (dk[i] > best):
+            best, at, lag = float(dk[i]), i, k
+    return best, at, lag
+
+
+def _shift_out(out: Array, size: float, at: int, lag: int) -> None:
+    """Take a change of ``size`` over ``out[at:at + lag + 1]`` out of ``out`` in place: the
+    points after it lowered by ``size``, the ones inside it held at its start."""
+    out[at + lag :] -= size
+    out[at + 1 : at + lag] = out[at]
 
 
 def warmup_end(x: Array, y: Array, *, min_ratio: float = 4.0, min_tail: int = 4) -> int:
@@ -342,20 +362,12 @@ def take_out_step(y: Array, history: Array, max_lag: int, min_sigmas: float = 5.
     a leak rises at its pace everywhere; a level shift once). One step is not a leak."""
     if y.size < 3 or history.size <= max_lag + 2:
         return y
-    d = history[max_lag:] - history[:-max_lag]
-    centre = float(np.median(d))
-    spread = 1.4826 * float(np.median(np.abs(d - centre)))
-    best, at, lag = 0.0, 0, 1
-    for k in range(1, min(max_lag, y.size - 1) + 1):
-        dk = y[k:] - y[:-k]
-        i = int(np.argmax(dk))
-        if dk[i] > best:
-            best, at, lag = float(dk[i]), i, k
+    centre, spread = _robust_spread(history[max_lag:] - history[:-max_lag])
+    best, at, lag = _largest_change(y, max_lag)
     if best - max(centre, 0.0) * lag / max_lag <= min_sigmas * spread or best <= 0:
         return y
     out = y.copy()
-    out[at + lag :] -= best
-    out[at + 1 : at + lag] = y[at]
+    _shift_out(out, best, at, lag)
     return out
 
 
@@ -385,21 +397,14 @@ def level_shifts(y: Array, max_lag: int, min_sigmas: float = 5.0, limit: int = 1
     d = d[d != 0]
     if d.size < 5:
         return []
-    centre = float(np.median(d))
-    spread = 1.4826 * float(np.median(np.abs(d - centre)))
+    centre, spread = _robust_spread(d)
     out = y.copy()
     found: list[tuple[int, float]] = []
     for _ in range(limit):
-        best, at, lag = 0.0, 0, 1
-        for k in range(1, min(max_lag, out.size - 1) + 1):
-            dk = out[k:] - out[:-k]
-            i = int(np.argmax(np.abs(dk - centre * k / max_lag)))
-            if abs(dk[i]) > abs(best):
-                best, at, lag = float(dk[i]), i, k
+        best, at, lag = _largest_change(out, max_lag, centre, falls=True)
         if best == 0 or abs(best - centre * lag / max_lag) <= min_sigmas * spread:
             break
-        out[at + lag :] -= best
-        out[at + 1 : at + lag] = out[at]
+        _shift_out(out, best, at, lag)
         found.append((at + lag, best))
     return found
 
