@@ -14,7 +14,6 @@ from soakd.analysis.detector import DetectorParams, Persistence, floor_for, judg
 from soakd.analysis.trend import (
     lower_envelope,
     mann_kendall,
-    remove_largest_step,
     slope_variance,
     take_out_step,
     theil_sen,
@@ -235,15 +234,6 @@ def test_lower_envelope_rides_out_a_sawtooth() -> None:
     assert np.ptp(flat) < 0.05 * MIB
     x, rising = lower_envelope(t, 1e9 + saw + 10 * MIB * t / 3600, 1200.0, 300.0)
     assert theil_sen(x, rising) * 3600 == pytest.approx(10 * MIB, rel=0.05)
-
-
-def test_remove_largest_step_takes_out_one_level_shift() -> None:
-    y = np.array([0, 0, 0, 5, 10, 10, 10, 10], dtype=float)  # a step that settles over 2 points
-    out, at = remove_largest_step(y)
-    assert at == 4 and np.ptp(out) == 0
-    stairs = np.repeat([0.0, 10.0, 20.0, 30.0], 3)
-    out, _ = remove_largest_step(stairs)
-    assert out[-1] - out[0] == 20.0  # the other steps stay
 
 
 def test_warmup_end_finds_the_knee_of_a_fill_then_plateau() -> None:

@@ -158,31 +158,6 @@ def _mk_block(y: Array, lag_alpha: float, known_lags: int = 0) -> tuple[float, f
     return s, var
 
 
-def remove_largest_step(y: Array, max_lag: int = 2, min_sigmas: float = 4.0) -> tuple[Array, int]:
-    """Take out the largest rise over up to ``max_lag`` neighbouring points, if it stands out.
-
-    One level shift (a new input shape, a cache that grows once) is not a leak; a staircase
-    that keeps stepping still trends after one of its steps is taken out. A step that settles
-    over a few points counts as one (``max_lag``). Only a rise of ``min_sigmas`` times the
-    robust spread of the point-to-point changes counts as a step: taking out the largest
-    noise wiggle would bias a slow creep's slope down. Returns the adjusted series and the
-    index the step ends at (0: none).
-    """
-    out = y.copy()
-    if y.size < 3:
-        return out, 0
-    # Robust spread of the changes that happen (a trailing-minimum envelope holds flat for
-    # a few points at a time; counting those zeros would make every wiggle a "step").
-    d1 = np.diff(y)
-    d1 = d1[d1 != 0]
-    spread = _robust_spread(d1)[1] if d1.size else 0.0
-    best, at, lag = _largest_change(y, max_lag)
-    if best <= 0 or best < min_sigmas * spread:
-        return out, 0
-    _shift_out(out, best, at, lag)
-    return out, at + lag
-
-
 def _robust_spread(d: Array) -> tuple[float, float]:
     """Median of ``d`` and its median absolute deviation scaled to a normal's sigma."""
     centre = float(np.median(d))
