@@ -33,8 +33,21 @@ SENDING: ContextVar[Sent | None] = ContextVar("soakd_sending", default=None)
 
 
 class _StampingConnector(aiohttp.TCPConnector):
-    def __init__(self, clock: Callable[[], float], limit: int) -> None:
-        super().__init__(limit=limit)
+    """Stamps each request's send time, and hands out the most recently released idle
+    connection first (LIFO).
+
+    aiohttp >= 3.11 reuses the *oldest* idle connection (FIFO, aio-libs/aiohttp#9672): every
+    pooled connection is then touched every few requests and none ever reaches the keep-alive
+    timeout, so a one-off burst (a GC pause, a stall of the server) leaves the pool at its
+    high-water mark for the rest of the soak. Over 24 h the bursts only grow, up to ``limit``:
+    256 idle connections held open at 1,000 req/s, and soakd's memory (and the watched
+    server's) creeping with each new peak (docs/network-targets.md). With LIFO the surplus
+    idles out after ``keepalive_timeout`` and the pool follows the load, as urllib3's and Go's
+    pools do. Written by hand because aiohttp has no option for it: the reorder touches the
+    private ``_conns`` (a deque per key in 3.11+; older versions are LIFO already)."""
+
+    def __init__(self, clock: Callable[[], float], limit: int, keepalive_timeout: float = 15.0) -> None:
+        super().__init__(limit=limit, keepalive_timeout=keepalive_timeout)  # 15 s: aiohttp's default
         self._clock = clock
 
     async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
@@ -43,6 +56,14 @@ class _StampingConnector(aiohttp.TCPConnector):
         if sent is not None:
             sent.t = self._clock()
         return conn
+
+    def _release(self, key: Any, protocol: Any, *args: Any, **kwargs: Any) -> None:
+        super()._release(key, protocol, *args, **kwargs)
+        conns = getattr(self, "_conns", {}).get(key)
+        # FIFO pool (a deque, taken from the left): move what was just released to the front.
+        if conns and hasattr(conns, "appendleft") and conns[-1][0] is protocol:
+            conns.appendleft(conns.pop())
+
 
 
 def status_class(status: int) -> str:
