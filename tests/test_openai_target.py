@@ -73,6 +73,27 @@ def test_tokens_from_usage_and_per_token_timings(base: str, tmp_path: Path) -> N
     assert s["target"]["model"] == "fake-llm"
 
 
+def test_the_report_shows_per_token_latency_and_tokens(base: str, tmp_path: Path) -> None:
+    """The run's report (Markdown and HTML) carries TTFT/ITL/TPOT and the token counts of its
+    summary; a report of a run without an LLM target has no such section."""
+    s = openai_soak(base, tmp_path, *SHORT, "--output-tokens", "8")
+    md = subprocess.run(
+        [sys.executable, "-m", "soakd", "report", "--state-dir", str(tmp_path / "state"), "--format", "md"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert md.returncode == 0, md.stderr
+    section = md.stdout.split("## Per-token latency (ms)", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split("|")[1].strip(): line for line in section.splitlines() if line.startswith("| ")}
+    llm = s["llm"]
+    assert f"{llm['ttft_ms']['p50']:.3f}" in rows["TTFT"] and f"| {llm['itl_ms']['count']} |" in rows["ITL"]
+    assert "TPOT" in rows
+    assert f"out {llm['output_tokens']} " in section
+    html = next((tmp_path / "state").glob("*/report.html")).read_text()
+    assert 'id="llm"' in html and f"{llm['tpot_ms']['p99']:.3f}" in html
+
+
 def test_tokens_counted_from_the_stream_without_usage(base: str, tmp_path: Path) -> None:
     """No usage: output tokens are the content chunks, input tokens the prompt's requested length;
     a stream that ends without [DONE] is complete."""

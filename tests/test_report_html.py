@@ -116,6 +116,7 @@ class TestSelfContained:
             assert heading in md
         assert f"| model sha256 | {fast.summary['run']['model_sha256']} |" in md
         assert re.search(r"^\| e2e \| [\d.]+ \|", md, re.MULTILINE)
+        assert "Per-token latency" not in md  # an in-process model streams no tokens
 
 
 def test_text_is_escaped() -> None:

@@ -36,6 +36,7 @@ FROM_SUMMARY = (
     "offered_rps",
     "target",
     "model_offline",
+    "llm",
 )
 
 Array = npt.NDArray[np.float64]

@@ -95,6 +95,11 @@ def _load(doc: ReportDoc) -> str:
     if doc.hists:
         hists = {s: doc.hists[s] for s in sections.stages(data) if s in doc.hists}
         out.append(figure(plots.latency_distribution_plot(hists), "Latency distribution per stage"))
+    llm = sections.llm_rows(data)
+    if llm:
+        out.append('<h2 id="llm">Per-token latency (ms)</h2>')
+        out.append(table(["timing", *sections.QUANTILE_COLUMNS], llm, numeric_from=1))
+        out.append(f"<p>{esc(sections.llm_line(data) or '')}</p>")
     return "".join(out)
 
 

@@ -37,6 +37,10 @@ def render_markdown(doc: ReportDoc) -> str:
         table(["stage", *sections.QUANTILE_COLUMNS], sections.latency_rows(data)),
         "",
     ]
+    llm = sections.llm_rows(data)
+    if llm:
+        out += ["## Per-token latency (ms)", "", table(["timing", *sections.QUANTILE_COLUMNS], llm), ""]
+        out += [cell(sections.llm_line(data) or ""), ""]
     windows = data.get("windows") or []
     if windows:
         stages = sections.stages(data)

@@ -116,12 +116,35 @@ def stages(data: dict[str, Any]) -> list[str]:
     return [s for s in STAGE_ORDER if s in lat] + sorted(s for s in lat if s not in STAGE_ORDER)
 
 
+def _quantile_cells(summary: dict[str, Any]) -> list[str]:
+    """One stage_summary() as the cells of QUANTILE_COLUMNS."""
+    return [str(summary.get(k, "-")) if k == "count" else units.ms(summary.get(k)) for k in QUANTILE_COLUMNS]
+
+
 def latency_rows(data: dict[str, Any]) -> list[list[str]]:
     lat: dict[str, dict[str, Any]] = data.get("latency_ms") or {}
-    return [
-        [s, *(str(lat[s].get(k, "-")) if k == "count" else units.ms(lat[s].get(k)) for k in QUANTILE_COLUMNS)]
-        for s in stages(data)
-    ]
+    return [[s, *_quantile_cells(lat[s])] for s in stages(data)]
+
+
+LLM_TIMINGS = (("TTFT", "ttft_ms"), ("ITL", "itl_ms"), ("TPOT", "tpot_ms"))
+
+
+def llm_rows(data: dict[str, Any]) -> list[list[str]]:
+    """Per-token timings of an LLM soak (``--api openai``), in the latency table's columns."""
+    llm: dict[str, Any] = data.get("llm") or {}
+    return [[name, *_quantile_cells(llm[key])] for name, key in LLM_TIMINGS if isinstance(llm.get(key), dict)]
+
+
+def llm_line(data: dict[str, Any]) -> str | None:
+    """Tokens and goodput of an LLM soak, as one line; None for other runs."""
+    llm = data.get("llm")
+    if not llm:
+        return None
+    return (
+        f"tokens in {llm.get('input_tokens', 0)}, out {llm.get('output_tokens', 0)} "
+        f"({_num(llm.get('output_tokens_per_second'), 1)} output tokens/s); goodput "
+        f"{_num(llm.get('goodput_rps'))} req/s ({llm.get('goodput_requests', 0)} requests within the TTFT/TPOT SLOs)"
+    )
 
 
 def batch_rows(data: dict[str, Any]) -> list[list[str]]:

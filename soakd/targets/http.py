@@ -65,7 +65,6 @@ class _StampingConnector(aiohttp.TCPConnector):
             conns.appendleft(conns.pop())
 
 
-
 def status_class(status: int) -> str:
     return f"{status // 100}xx" if 200 <= status < 600 else "none"
 
