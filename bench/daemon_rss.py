@@ -14,13 +14,14 @@ soakd's own glibc figures from /metrics (bytes in use against bytes held from th
 tell growing data from allocator retention.
 
     .venv/bin/python bench/daemon_rss.py [--duration 3m] [--warmup 60s] [--rate 1000] [--scrape 15s]
-        [--http-target]
+        [--http-target]   (prints the slope of each kind of mapping: heap, thread arenas, pymalloc, stacks)
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -55,6 +56,38 @@ def scrape(url: str, names: tuple[str, ...]) -> dict[str, float]:
 
 
 MALLOC = ("soakd_malloc_in_use_bytes", "soakd_malloc_arena_bytes")
+
+_MAPPING = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \S+\s*(.*)$")
+_ARENA_ALIGN = 64 << 20  # glibc maps each thread arena's heap at a 64 MiB-aligned address
+
+
+def rss_by_mapping(pid: int) -> dict[str, int]:
+    """Resident bytes by kind of mapping, from /proc/PID/smaps: which one grows tells a growing
+    malloc heap (the main ``[heap]``, or a thread arena) from pymalloc's 1 MiB arenas, thread
+    stacks (8 MiB) or shared libraries."""
+    out: dict[str, int] = {}
+    kind = ""
+    with open(f"/proc/{pid}/smaps") as fh:
+        for line in fh:
+            m = _MAPPING.match(line)
+            if m:
+                start, end, name = int(m.group(1), 16), int(m.group(2), 16), m.group(4).strip()
+                size = end - start
+                if name.startswith("/"):
+                    kind = "files"
+                elif name:
+                    kind = name.strip("[]").split(":")[0]  # heap, stack, vdso, anon:...
+                elif start % _ARENA_ALIGN == 0 and size <= _ARENA_ALIGN:
+                    kind = "thread-arenas"
+                elif size == 1 << 20:
+                    kind = "pymalloc-1MiB"
+                elif size in (8 << 20, (8 << 20) + 4096):
+                    kind = "thread-stacks"
+                else:
+                    kind = "anon-other"
+            elif line.startswith("Rss:") and kind:
+                out[kind] = out.get(kind, 0) + int(line.split()[1]) * 1024
+    return out
 
 
 def slope_mib_per_hour(t: np.ndarray, mib: np.ndarray) -> float:
@@ -123,6 +156,7 @@ def main() -> None:
         ts: list[float] = []
         rss: list[int] = []
         malloc: list[tuple[float, dict[str, float]]] = []  # (t, figures) after warm-up
+        mappings: list[tuple[float, dict[str, int]]] = []  # (t, resident bytes by mapping kind)
         next_scrape = 0.0
         try:
             while (now := time.monotonic() - t0) < duration:
@@ -132,6 +166,8 @@ def main() -> None:
                 rss.append(rss_bytes(proc.pid))
                 if now >= next_scrape:
                     next_scrape = now + every
+                    if now >= warmup:
+                        mappings.append((now, rss_by_mapping(proc.pid)))
                     try:
                         figures = scrape(url, MALLOC)
                     except OSError:
@@ -174,6 +210,13 @@ def main() -> None:
             for name in MALLOC:
                 v = np.asarray([m[1][name] for m in malloc]) / 2**20
                 print(f"  {name}: {v[0]:.2f} -> {v[-1]:.2f} MiB, slope {slope_mib_per_hour(mt, v):+.2f} MiB/h")
+        if len(mappings) >= 3:
+            mt = np.asarray([m[0] for m in mappings])
+            kinds = sorted({k for _, m in mappings for k in m})
+            print("  resident by mapping (after warm-up):")
+            for kind in kinds:
+                v = np.asarray([m[1].get(kind, 0) for m in mappings], dtype=np.float64) / 2**20
+                print(f"    {kind:<14} {v[0]:8.2f} -> {v[-1]:8.2f} MiB, slope {slope_mib_per_hour(mt, v):+.2f} MiB/h")
 
 
 if __name__ == "__main__":
