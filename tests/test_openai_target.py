@@ -75,7 +75,7 @@ def test_tokens_from_usage_and_per_token_timings(base: str, tmp_path: Path) -> N
 
 def test_the_report_shows_per_token_latency_and_tokens(base: str, tmp_path: Path) -> None:
     """The run's report (Markdown and HTML) carries TTFT/ITL/TPOT and the token counts of its
-    summary; a report of a run without an LLM target has no such section."""
+    summary (test_report_html checks that an in-process run's report has no such section)."""
     s = openai_soak(base, tmp_path, *SHORT, "--output-tokens", "8")
     md = subprocess.run(
         [sys.executable, "-m", "soakd", "report", "--state-dir", str(tmp_path / "state"), "--format", "md"],
