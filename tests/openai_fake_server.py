@@ -10,6 +10,8 @@ Its behaviour follows the requested model (GET /v1/models lists them in this ord
   as ``transformers serve`` does); each content chunk holds one word.
 - ``fake-stall``: two content chunks, then nothing more while the connection stays open.
 - ``fake-error``: an ``error`` chunk after one content chunk.
+- ``fake-slow-start``: ``fake-llm`` with its first content chunk 50 ms late (a slower prefill:
+  TTFT up, the gaps between tokens as before).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import sys
 
 from aiohttp import web
 
-MODELS = ("fake-llm", "fake-nousage", "fake-stall", "fake-error")
+MODELS = ("fake-llm", "fake-nousage", "fake-stall", "fake-error", "fake-slow-start")
 USAGE_PROMPT_TOKENS = 7
 
 
@@ -61,10 +63,12 @@ async def complete(request: web.Request) -> web.StreamResponse:
         await resp.write(_chunk(model, " tok", chat))
         await resp.write(b'data: {"error": {"message": "engine died"}}\n\n')
         return resp
+    if model == "fake-slow-start":
+        await asyncio.sleep(0.05)
     for _ in range(n):
         await asyncio.sleep(0.002)
         await resp.write(_chunk(model, " tok", chat))
-    if model == "fake-llm":
+    if model in ("fake-llm", "fake-slow-start"):
         await resp.write(_chunk(model, "", chat, usage=usage))
         await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()

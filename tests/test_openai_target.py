@@ -260,3 +260,40 @@ def test_open_loop_ttft_counts_from_the_intended_send(base: str, tmp_path: Path)
     assert queue_p50 > 100  # the pool is the bottleneck: the wait dwarfs a 20 ms stream
     assert s["llm"]["ttft_ms"]["p50"] >= queue_p50
     assert s["llm"]["ttft_ms"]["p50"] <= s["latency_ms"]["e2e"]["p50"]
+
+
+def test_compare_judges_per_token_latency(base: str, tmp_path: Path) -> None:
+    """``soakd compare`` of two LLM soaks: a server whose first token comes 50 ms later is a
+    TTFT regression, judged on the requests (not on the gaps between tokens); its token gaps
+    and time per output token are as before, so they are not; a run against itself passes."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    load = ("--concurrency", "8", "--duration", "3s", "--warmup", "2", "--input-shapes", "seq:fixed(n=20)")
+    soak(tmp_path / "a", *openai_args(base, tmp_path), *load, "--output-tokens", "8", timeout=90)
+    soak(
+        tmp_path / "b",
+        *openai_args(base, tmp_path),
+        *load,
+        "--output-tokens",
+        "8",
+        "--target-model",
+        "fake-slow-start",
+        timeout=90,
+    )
+    a, b = (next((tmp_path / side).glob("*.json")) for side in ("a", "b"))
+
+    def compare(x: Path, y: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "soakd", "compare", str(x), str(y)], capture_output=True, text=True, timeout=60
+        )
+
+    same = compare(a, a)
+    assert same.returncode == 0 and same.stdout.rstrip().endswith("no regression"), same.stdout + same.stderr
+    assert "p99 TTFT" in same.stdout and "goodput" in same.stdout
+    worse = compare(a, b)
+    assert worse.returncode == 1, worse.stdout + worse.stderr
+    regressions = worse.stdout.rstrip().splitlines()[-1].removeprefix("regression: ").split(", ")
+    assert "p99 TTFT" in regressions
+    assert "p99 ITL" not in regressions and "p99 TPOT" not in regressions
+    ttft = next(line for line in worse.stdout.splitlines() if line.startswith("p99 TTFT"))
+    assert "histogram sampling error" in ttft

@@ -24,6 +24,7 @@ from scipy.stats import norm
 from soakd.config import CompareConfig
 from soakd.report import units
 from soakd.report.noise import block_bootstrap_ci, difference, quantile_interval, rate_interval
+from soakd.report.sections import LLM_TIMINGS
 from soakd.report.slo import error_ratio
 from soakd.report.windows import series
 
@@ -97,21 +98,25 @@ class Comparison:
 
     def _beyond_noise(
         self,
-        key: str,
+        key: str | None,
         stage: str | None,
         unit: str,
         worse_if_higher: bool,
         counts: tuple[Interval | None, Interval | None],
     ) -> tuple[bool | None, str]:
         """Whether B differs from A on the bad side beyond noise (None: no estimate), and how
-        that was estimated. ``counts``: each side's interval from its own counts, the fallback."""
-        xa, xb = _windows(self.a, key, stage), _windows(self.b, key, stage)
+        that was estimated. ``key``: the figure in the windows (None: they do not carry it);
+        ``counts``: each side's interval from its own counts, the fallback."""
+        if key is not None:
+            xa, xb = _windows(self.a, key, stage), _windows(self.b, key, stage)
+        else:
+            xa = xb = np.empty(0)
         if xa.size >= MIN_WINDOWS and xb.size >= MIN_WINDOWS:
             lo, hi = block_bootstrap_ci(xa, xb, self.cfg.confidence, self.cfg.resamples, self.rng)
             source = f"{xa.size}+{xb.size} windows"
         elif counts[0] is not None and counts[1] is not None:
             lo, hi = difference(counts[0], counts[1])
-            source = "Poisson error of the ok counts" if key == "throughput_rps" else "histogram sampling error"
+            source = "histogram sampling error" if unit == "ms" else "Poisson error of the ok counts"
         else:
             return None, ""
         text = f"{self.cfg.confidence:.0%} CI of diff [{_signed(lo, unit)}, {_signed(hi, unit)}] {unit}, {source}"
@@ -121,7 +126,7 @@ class Comparison:
         self,
         row: Row,
         past_threshold: bool,
-        key: str,
+        key: str | None,
         stage: str | None,
         worse_if_higher: bool,
         counts: tuple[Interval | None, Interval | None],
@@ -153,25 +158,67 @@ class Comparison:
             self._judge(row, past, "throughput_rps", None, worse_if_higher=False, counts=(ia, ib))
         self.rows.append(row)
 
+    def _percentile_rows(
+        self,
+        label: str,
+        sa: dict[str, Any],
+        sb: dict[str, Any],
+        stage: str | None,
+        per_sample: tuple[float, float],
+    ) -> None:
+        """p50..p999 of one timing, A against B; p99 is the gated percentile, the others are
+        context. ``stage``: its name in the windows (None: the windows do not carry it, so its
+        histogram's counts estimate the noise); ``per_sample``: samples per independent one."""
+        for q in ("p50", "p90", "p99", "p999"):
+            a, b = sa.get(q), sb.get(q)
+            row = Row(f"{q} {label}", a, b, "ms")
+            if a is not None and b is not None:
+                row.change = units.change(a, b, row.unit)
+                if q == "p99":
+                    past = a > 0 and (b - a) / a > self.cfg.max_p99_increase
+                    counts = (
+                        quantile_interval(sa, q, self.cfg.confidence, per_sample[0]),
+                        quantile_interval(sb, q, self.cfg.confidence, per_sample[1]),
+                    )
+                    key = "p99" if stage is not None else None
+                    self._judge(row, past, key, stage, worse_if_higher=True, counts=counts)
+            self.rows.append(row)
+
     def latency(self) -> None:
         la: dict[str, dict[str, Any]] = self.a.get("latency_ms", {})
         lb: dict[str, dict[str, Any]] = self.b.get("latency_ms", {})
         extra = sorted((set(la) | set(lb)) - set(STAGE_ORDER))
-        stages = [s for s in STAGE_ORDER if s in la or s in lb] + extra
-        for stage in stages:
-            for q in ("p50", "p90", "p99", "p999"):
-                a, b = la.get(stage, {}).get(q), lb.get(stage, {}).get(q)
-                row = Row(f"{q} {stage}", a, b, "ms")
-                if a is not None and b is not None:
-                    row.change = units.change(a, b, row.unit)
-                    if q == "p99":  # the gated percentile; the others are context
-                        past = a > 0 and (b - a) / a > self.cfg.max_p99_increase
-                        counts = (
-                            quantile_interval(la.get(stage, {}), q, self.cfg.confidence, _batch(self.a)),
-                            quantile_interval(lb.get(stage, {}), q, self.cfg.confidence, _batch(self.b)),
-                        )
-                        self._judge(row, past, "p99", stage, worse_if_higher=True, counts=counts)
-                self.rows.append(row)
+        for stage in [s for s in STAGE_ORDER if s in la or s in lb] + extra:
+            self._percentile_rows(stage, la.get(stage, {}), lb.get(stage, {}), stage, (_batch(self.a), _batch(self.b)))
+
+    def llm(self) -> None:
+        """Per-token timings and goodput of two LLM soaks (``--api openai``); nothing otherwise.
+        The inter-token gaps of one request share its server batch and its decode, so the
+        independent samples are requests: the gaps per request are the design effect."""
+        la: dict[str, Any] = self.a.get("llm") or {}
+        lb: dict[str, Any] = self.b.get("llm") or {}
+        if not la and not lb:
+            return
+
+        def gaps_per_request(llm: dict[str, Any]) -> float:
+            gaps, requests = (llm.get(k, {}).get("count") for k in ("itl_ms", "ttft_ms"))
+            ok = isinstance(gaps, int) and isinstance(requests, int) and requests > 0
+            return gaps / requests if ok else 1.0
+
+        for name, key in LLM_TIMINGS:
+            sa, sb = la.get(key) or {}, lb.get(key) or {}
+            if sa or sb:
+                per = (gaps_per_request(la), gaps_per_request(lb)) if key == "itl_ms" else (1.0, 1.0)
+                self._percentile_rows(name, sa, sb, None, per)
+        a, b = la.get("goodput_rps"), lb.get("goodput_rps")
+        row = Row("goodput", a, b, "req/s")
+        if a is not None and b is not None:
+            row.change = units.change(a, b, row.unit)
+            past = a > 0 and (a - b) / a > self.cfg.max_throughput_drop
+            ia = rate_interval(la.get("goodput_requests"), a, self.cfg.confidence)
+            ib = rate_interval(lb.get("goodput_requests"), b, self.cfg.confidence)
+            self._judge(row, past, None, None, worse_if_higher=False, counts=(ia, ib))
+        self.rows.append(row)
 
     def errors(self) -> None:
         ra, rb = self.a.get("requests", {}), self.b.get("requests", {})
@@ -232,6 +279,7 @@ class Comparison:
         self.fingerprints()
         self.throughput()
         self.latency()
+        self.llm()
         self.errors()
         self.memory()
         return self
