@@ -7,9 +7,11 @@ operator watching the alert sees). A leaking trace is detected when it was flagg
 the leak began and before the end; time to verdict is from the leak's start to that flag.
 
 The detector is tuned on soakd/analysis/corpus.py ("tuning"); bench/heldout_traces.py
-("held-out") is written apart and never tuned on: grade on it.
+("held-out") is written apart and never tuned on: grade on it. bench/fresh_traces.py ("fresh")
+is a third, written without reading the other two or the detector, judged as held-out is
+("both" is tuning and held-out, "all" adds fresh).
 
-    .venv/bin/python bench/leak_detection.py --seeds 40 --jobs 2 [--corpus heldout|tuning|both]
+    .venv/bin/python bench/leak_detection.py --seeds 40 --jobs 2 [--corpus heldout|tuning|both|fresh|all]
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import fresh_traces as fresh
 from bench import heldout_traces as held
 from soakd.analysis import corpus
 from soakd.analysis.detector import DEFAULT_FLOOR_BYTES_PER_HOUR, MIB, DetectorParams, replay
@@ -50,7 +53,7 @@ def judge_one(args: tuple[str, str, int, DetectorParams, float, float, float]) -
         tr = corpus.generate(shape, seed, duration=hours * 3600.0)
         t, v, leaking, start, rate = tr.t, tr.v, tr.leaking, tr.leak_start, tr.leak_rate
     else:
-        h = held.generate(shape, seed, duration=hours * 3600.0)
+        h = (fresh if which == "fresh" else held).generate(shape, seed, duration=hours * 3600.0)
         t, v, leaking, start, rate = h.t, h.v, h.leaking, h.leak_start, h.leak_rate
     r = replay(t, v, params, floor, step=step)
     ups = [at for at, up in r.flips if up]
@@ -115,7 +118,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=40, help="traces per shape")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--step", type=float, default=300.0, help="seconds of trace between looks")
-    ap.add_argument("--corpus", choices=("heldout", "tuning", "both"), default="both")
+    ap.add_argument("--corpus", choices=("heldout", "tuning", "both", "fresh", "all"), default="both")
     ap.add_argument(
         "--set",
         action="append",
@@ -135,18 +138,25 @@ def main() -> int:
         return (not only or shape in only) and (free or not ns.leak_free)
 
     work: list[tuple[str, str, int, DetectorParams, float, float, float]] = []
-    if ns.corpus in ("tuning", "both"):
+    if ns.corpus in ("tuning", "both", "all"):
         work += [
             ("tuning", p, s, params, ns.step, ns.floor, ns.hours)
             for p in corpus.PATTERNS
             if wanted(p, p in corpus.LEAK_FREE)
             for s in range(ns.seeds)
         ]
-    if ns.corpus in ("heldout", "both"):
+    if ns.corpus in ("heldout", "both", "all"):
         work += [
             ("heldout", p, s, params, ns.step, ns.floor, ns.hours)
             for p in held.SHAPES
             if wanted(p, p in held.LEAK_FREE)
+            for s in range(ns.seeds)
+        ]
+    if ns.corpus in ("fresh", "all"):
+        work += [
+            ("fresh", p, s, params, ns.step, ns.floor, ns.hours)
+            for p in fresh.SHAPES
+            if wanted(p, p in fresh.LEAK_FREE)
             for s in range(ns.seeds)
         ]
     t0 = time.perf_counter()
@@ -156,7 +166,7 @@ def main() -> int:
         f"leak detection: {len(out)} traces of {ns.hours:g} h at 10 s, {ns.seeds} per shape, a look every "
         f"{ns.step / 60:.0f} min; {params}; floor {ns.floor / MIB:.1f} MiB/h"
     )
-    for name in ("tuning", "heldout"):
+    for name in ("tuning", "heldout", "fresh"):
         rows = [o for o in out if o.corpus == name]
         if rows:
             report(name, rows)
