@@ -63,7 +63,7 @@ _ARENA_ALIGN = 64 << 20  # glibc maps each thread arena's heap at a 64 MiB-align
 
 def rss_by_mapping(pid: int) -> dict[str, int]:
     """Resident bytes by kind of mapping, from /proc/PID/smaps: which one grows tells a growing
-    malloc heap (the main ``[heap]``, or a thread arena) from pymalloc's 1 MiB arenas, thread
+    malloc heap (the main ``[heap]``, or a thread arena) from pymalloc's arenas, thread
     stacks (8 MiB) or shared libraries."""
     out: dict[str, int] = {}
     kind = ""
@@ -79,10 +79,12 @@ def rss_by_mapping(pid: int) -> dict[str, int]:
                     kind = name.strip("[]").split(":")[0]  # heap, stack, vdso, anon:...
                 elif start % _ARENA_ALIGN == 0 and size <= _ARENA_ALIGN:
                     kind = "thread-arenas"
-                elif size == 1 << 20:
-                    kind = "pymalloc-1MiB"
                 elif size in (8 << 20, (8 << 20) + 4096):
                     kind = "thread-stacks"
+                elif size % (1 << 20) == 0:
+                    # pymalloc maps 1 MiB arenas; the kernel merges neighbours into one mapping
+                    # (7 and 3 MiB ones held request objects), so any whole number of MiB.
+                    kind = "pymalloc-arenas"
                 else:
                     kind = "anon-other"
             elif line.startswith("Rss:") and kind:
