@@ -21,9 +21,11 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -31,6 +33,22 @@ from bench import fresh_traces as fresh
 from bench import heldout_traces as held
 from soakd.analysis import corpus
 from soakd.analysis.detector import DEFAULT_FLOOR_BYTES_PER_HOUR, MIB, DetectorParams, replay
+
+
+class TraceSet(NamedTuple):
+    """One generator of traces: its shapes, the leak-free ones among them, and a trace of one."""
+
+    shapes: Mapping[str, object]
+    leak_free: Mapping[str, object]
+    generate: Callable[..., Any]  # (shape, seed, *, duration) -> a trace with t, v, leak fields
+
+
+SETS = {
+    "tuning": TraceSet(corpus.PATTERNS, corpus.LEAK_FREE, corpus.generate),
+    "heldout": TraceSet(held.SHAPES, held.LEAK_FREE, held.generate),
+    "fresh": TraceSet(fresh.SHAPES, fresh.LEAK_FREE, fresh.generate),
+}
+CHOICES = {**{name: (name,) for name in SETS}, "both": ("tuning", "heldout"), "all": tuple(SETS)}
 
 
 @dataclass
@@ -49,12 +67,8 @@ class Outcome:
 
 def judge_one(args: tuple[str, str, int, DetectorParams, float, float, float]) -> Outcome:
     which, shape, seed, params, step, floor, hours = args
-    if which == "tuning":
-        tr = corpus.generate(shape, seed, duration=hours * 3600.0)
-        t, v, leaking, start, rate = tr.t, tr.v, tr.leaking, tr.leak_start, tr.leak_rate
-    else:
-        h = (fresh if which == "fresh" else held).generate(shape, seed, duration=hours * 3600.0)
-        t, v, leaking, start, rate = h.t, h.v, h.leaking, h.leak_start, h.leak_rate
+    tr = SETS[which].generate(shape, seed, duration=hours * 3600.0)
+    t, v, leaking, start, rate = tr.t, tr.v, tr.leaking, tr.leak_start, tr.leak_rate
     r = replay(t, v, params, floor, step=step)
     ups = [at for at, up in r.flips if up]
     s = start or 0.0
@@ -118,7 +132,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=40, help="traces per shape")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--step", type=float, default=300.0, help="seconds of trace between looks")
-    ap.add_argument("--corpus", choices=("heldout", "tuning", "both", "fresh", "all"), default="both")
+    ap.add_argument("--corpus", choices=tuple(CHOICES), default="both")
     ap.add_argument(
         "--set",
         action="append",
@@ -137,28 +151,13 @@ def main() -> int:
     def wanted(shape: str, free: bool) -> bool:
         return (not only or shape in only) and (free or not ns.leak_free)
 
-    work: list[tuple[str, str, int, DetectorParams, float, float, float]] = []
-    if ns.corpus in ("tuning", "both", "all"):
-        work += [
-            ("tuning", p, s, params, ns.step, ns.floor, ns.hours)
-            for p in corpus.PATTERNS
-            if wanted(p, p in corpus.LEAK_FREE)
-            for s in range(ns.seeds)
-        ]
-    if ns.corpus in ("heldout", "both", "all"):
-        work += [
-            ("heldout", p, s, params, ns.step, ns.floor, ns.hours)
-            for p in held.SHAPES
-            if wanted(p, p in held.LEAK_FREE)
-            for s in range(ns.seeds)
-        ]
-    if ns.corpus in ("fresh", "all"):
-        work += [
-            ("fresh", p, s, params, ns.step, ns.floor, ns.hours)
-            for p in fresh.SHAPES
-            if wanted(p, p in fresh.LEAK_FREE)
-            for s in range(ns.seeds)
-        ]
+    work = [
+        (name, shape, seed, params, ns.step, ns.floor, ns.hours)
+        for name in CHOICES[ns.corpus]
+        for shape in SETS[name].shapes
+        if wanted(shape, shape in SETS[name].leak_free)
+        for seed in range(ns.seeds)
+    ]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(ns.jobs) as pool:
         out = list(pool.map(judge_one, work, chunksize=4))
@@ -166,7 +165,7 @@ def main() -> int:
         f"leak detection: {len(out)} traces of {ns.hours:g} h at 10 s, {ns.seeds} per shape, a look every "
         f"{ns.step / 60:.0f} min; {params}; floor {ns.floor / MIB:.1f} MiB/h"
     )
-    for name in ("tuning", "heldout", "fresh"):
+    for name in SETS:
         rows = [o for o in out if o.corpus == name]
         if rows:
             report(name, rows)

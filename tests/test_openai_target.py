@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import free_port, run_soakd, soak, summary_args
+from tests.report_runs import soakd
 
 SERVER = Path(__file__).resolve().parent / "openai_fake_server.py"
 USAGE_PROMPT_TOKENS = 7  # what the fake's usage says, whatever the prompt
@@ -77,12 +78,7 @@ def test_the_report_shows_per_token_latency_and_tokens(base: str, tmp_path: Path
     """The run's report (Markdown and HTML) carries TTFT/ITL/TPOT and the token counts of its
     summary (test_report_html checks that an in-process run's report has no such section)."""
     s = openai_soak(base, tmp_path, *SHORT, "--output-tokens", "8")
-    md = subprocess.run(
-        [sys.executable, "-m", "soakd", "report", "--state-dir", str(tmp_path / "state"), "--format", "md"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    md = soakd("report", "--state-dir", str(tmp_path / "state"), "--format", "md")
     assert md.returncode == 0, md.stderr
     section = md.stdout.split("## Per-token latency (ms)", 1)[1].split("\n## ", 1)[0]
     rows = {line.split("|")[1].strip(): line for line in section.splitlines() if line.startswith("| ")}
@@ -280,17 +276,11 @@ def test_compare_judges_per_token_latency(base: str, tmp_path: Path) -> None:
         "fake-slow-start",
         timeout=90,
     )
-    a, b = (next((tmp_path / side).glob("*.json")) for side in ("a", "b"))
-
-    def compare(x: Path, y: Path) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "soakd", "compare", str(x), str(y)], capture_output=True, text=True, timeout=60
-        )
-
-    same = compare(a, a)
+    a, b = (str(next((tmp_path / side).glob("*.json"))) for side in ("a", "b"))
+    same = soakd("compare", a, a)
     assert same.returncode == 0 and same.stdout.rstrip().endswith("no regression"), same.stdout + same.stderr
     assert "p99 TTFT" in same.stdout and "goodput" in same.stdout
-    worse = compare(a, b)
+    worse = soakd("compare", a, b)
     assert worse.returncode == 1, worse.stdout + worse.stderr
     regressions = worse.stdout.rstrip().splitlines()[-1].removeprefix("regression: ").split(", ")
     assert "p99 TTFT" in regressions

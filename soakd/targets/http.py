@@ -42,8 +42,9 @@ class _StampingConnector(aiohttp.TCPConnector):
     high-water mark for the rest of the soak. Over 24 h the bursts only grow, up to ``limit``:
     all 256 connections held open to the watched server after 35 min at 1,000 req/s with about
     one request in flight (docs/network-targets.md). With LIFO the surplus idles out after
-    ``keepalive_timeout`` and the pool follows the load, as urllib3's and Go's pools do. (What
-    it does to soakd's own RSS is not measured yet: the one run with it was on a loaded host.)
+    ``keepalive_timeout`` and the pool follows the load, as urllib3's and Go's pools do. (soakd's
+    own RSS under an http target steps up once to a high-water mark of Python objects, the
+    requests in flight at a busy moment, whatever the pool does: docs/network-targets.md.)
     Written by hand because aiohttp has no option for it: the reorder touches the private
     ``_conns`` (a deque per key in 3.11+; older versions are LIFO already)."""
 
