@@ -74,10 +74,20 @@ def _windows(doc: dict[str, Any], key: str, stage: str | None = None) -> npt.NDA
     return vals[np.isfinite(vals)]
 
 
-def _batch(doc: dict[str, Any]) -> float:
-    """Requests per batch on average (1 without batching): the requests per independent sample."""
+def _per_sample(doc: dict[str, Any]) -> float:
+    """Requests per independent latency sample: the mean batch size, or the mean number of
+    requests in flight together (Little's law: throughput x mean e2e) where that is larger.
+    Requests in one batch share its call; requests in flight together share the server's
+    stalls (a GC pause, a busy event loop moves all of them at once), so n requests hold about
+    n / that many independent latencies. Taking every overlap as fully shared is the cautious
+    end: it can call a real change noise, never noise a change."""
     mean = (doc.get("batch_size") or {}).get("mean")
-    return float(mean) if isinstance(mean, (int, float)) and mean >= 1 else 1.0
+    batch = float(mean) if isinstance(mean, (int, float)) and mean >= 1 else 1.0
+    rps, e2e = doc.get("throughput_rps"), ((doc.get("latency_ms") or {}).get("e2e") or {}).get("mean")
+    in_flight = 1.0
+    if isinstance(rps, (int, float)) and isinstance(e2e, (int, float)) and rps > 0 and e2e > 0:
+        in_flight = rps * e2e / 1000.0
+    return max(1.0, batch, in_flight)
 
 
 def _signed(v: float, unit: str) -> str:
@@ -188,13 +198,15 @@ class Comparison:
         la: dict[str, dict[str, Any]] = self.a.get("latency_ms", {})
         lb: dict[str, dict[str, Any]] = self.b.get("latency_ms", {})
         extra = sorted((set(la) | set(lb)) - set(STAGE_ORDER))
+        per = (_per_sample(self.a), _per_sample(self.b))
         for stage in [s for s in STAGE_ORDER if s in la or s in lb] + extra:
-            self._percentile_rows(stage, la.get(stage, {}), lb.get(stage, {}), stage, (_batch(self.a), _batch(self.b)))
+            self._percentile_rows(stage, la.get(stage, {}), lb.get(stage, {}), stage, per)
 
     def llm(self) -> None:
         """Per-token timings and goodput of two LLM soaks (``--api openai``); nothing otherwise.
         The inter-token gaps of one request share its server batch and its decode, so the
-        independent samples are requests: the gaps per request are the design effect."""
+        independent samples are requests, and requests in flight together share the server's
+        stalls: gaps per request times requests per sample is the design effect."""
         la: dict[str, Any] = self.a.get("llm") or {}
         lb: dict[str, Any] = self.b.get("llm") or {}
         if not la and not lb:
@@ -208,7 +220,9 @@ class Comparison:
         for name, key in LLM_TIMINGS:
             sa, sb = la.get(key) or {}, lb.get(key) or {}
             if sa or sb:
-                per = (gaps_per_request(la), gaps_per_request(lb)) if key == "itl_ms" else (1.0, 1.0)
+                per = (_per_sample(self.a), _per_sample(self.b))
+                if key == "itl_ms":
+                    per = (per[0] * gaps_per_request(la), per[1] * gaps_per_request(lb))
                 self._percentile_rows(name, sa, sb, None, per)
         a, b = la.get("goodput_rps"), lb.get("goodput_rps")
         row = Row("goodput", a, b, "req/s")

@@ -84,7 +84,8 @@ def quantile_interval(
 
     ``per_sample``: requests per independent sample. Requests batched together share their
     queue wait and their inference call, so a run of n requests in batches of 4 holds about
-    n/4 independent latencies, not n (the mean batch size is the design effect)."""
+    n/4 independent latencies, not n (the mean batch size is the design effect; compare also
+    counts requests in flight together, which share the server's stalls)."""
     count = stage.get("count")
     q = QUANTILE_KEYS.get(key)
     if not isinstance(count, int) or isinstance(count, bool) or count < 1 or q is None or stage.get(key) is None:
