@@ -15,6 +15,13 @@ tell growing data from allocator retention.
 
     .venv/bin/python bench/daemon_rss.py [--duration 3m] [--warmup 60s] [--rate 1000] [--scrape 15s]
         [--http-target]   (prints the slope of each kind of mapping: heap, thread arenas, pymalloc, stacks)
+        [--stall-at 2m --stall-for 2s] [--max-inflight 1024]
+
+``--stall-at`` stops the HTTP server (SIGSTOP) for ``--stall-for`` at that moment and prints the
+RSS before and after: in the open loop every request due while the server is stopped stays in
+flight, up to ``load.max_inflight``, so the stall sets the high-water mark of live request
+objects that an unlucky moment of a real soak would set later (pymalloc keeps an arena until
+it is entirely empty). Put it inside the warm-up to measure the slope after that mark.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ def scrape(url: str, names: tuple[str, ...]) -> dict[str, float]:
 
 
 MALLOC = ("soakd_malloc_in_use_bytes", "soakd_malloc_arena_bytes")
+INFLIGHT = "soakd_inflight_requests"
 
 _MAPPING = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \S+\s*(.*)$")
 _ARENA_ALIGN = 64 << 20  # glibc maps each thread arena's heap at a 64 MiB-aligned address
@@ -114,7 +122,14 @@ def main() -> None:
         action="store_true",
         help="drive bench/minimal_server.py over --api http instead of builtin:noop in-process",
     )
+    ap.add_argument("--stall-at", default=None, help="with --http-target: stop the server at this moment")
+    ap.add_argument("--stall-for", default="2s", help="how long --stall-at stops the server")
+    ap.add_argument("--max-inflight", type=int, default=None, help="load.max_inflight (soakd's default: 1024)")
     args = ap.parse_args()
+    if args.stall_at is not None and not args.http_target:
+        ap.error("--stall-at needs --http-target (it stops the HTTP server)")
+    stall_at = parse_duration(args.stall_at) if args.stall_at is not None else None
+    stall_for = parse_duration(args.stall_for)
     duration, warmup, interval, every = (
         parse_duration(v) for v in (args.duration, args.warmup, args.interval, args.scrape)
     )
@@ -152,6 +167,9 @@ def main() -> None:
             "--memory-interval",
             "5s",
         ]
+        if args.max_inflight is not None:
+            (Path(d) / "soakd.toml").write_text(f"[load]\nmax_inflight = {args.max_inflight}\n")
+            cmd += ["--config", str(Path(d) / "soakd.toml")]
         log = open(Path(d) / "soakd.log", "w")  # noqa: SIM115 - closed below
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         t0 = time.monotonic()
@@ -160,20 +178,34 @@ def main() -> None:
         malloc: list[tuple[float, dict[str, float]]] = []  # (t, figures) after warm-up
         mappings: list[tuple[float, dict[str, int]]] = []  # (t, resident bytes by mapping kind)
         next_scrape = 0.0
+        inflight_max = 0.0  # the most requests in flight seen at a scrape
+        stall: tuple[float, float] | None = None  # RSS (MiB) before the stall and 30 s after it
+        stall_maps: tuple[dict[str, int], dict[str, int]] = ({}, {})
         try:
             while (now := time.monotonic() - t0) < duration:
                 if proc.poll() is not None:
                     raise SystemExit(f"soakd exited early:\n{(Path(d) / 'soakd.log').read_text()}")
                 ts.append(now)
                 rss.append(rss_bytes(proc.pid))
+                if server is not None and stall_at is not None and stall is None and now >= stall_at:
+                    before, before_maps = rss[-1] / 2**20, rss_by_mapping(proc.pid)
+                    server.send_signal(signal.SIGSTOP)
+                    time.sleep(stall_for)
+                    inflight_max = max(inflight_max, scrape(url, (INFLIGHT,)).get(INFLIGHT, 0.0))
+                    server.send_signal(signal.SIGCONT)
+                    time.sleep(30)
+                    stall = (before, rss_bytes(proc.pid) / 2**20)
+                    stall_maps = (before_maps, rss_by_mapping(proc.pid))
+                    continue
                 if now >= next_scrape:
                     next_scrape = now + every
                     if now >= warmup:
                         mappings.append((now, rss_by_mapping(proc.pid)))
                     try:
-                        figures = scrape(url, MALLOC)
+                        figures = scrape(url, (*MALLOC, INFLIGHT))
                     except OSError:
                         figures = {}  # not serving yet (model loading)
+                    inflight_max = max(inflight_max, figures.pop(INFLIGHT, 0.0))
                     if now >= warmup and len(figures) == len(MALLOC):
                         malloc.append((now, figures))
                 time.sleep(interval)
@@ -202,6 +234,16 @@ def main() -> None:
             f"slope after warm-up: {slope:+.2f} MiB/h over {(t[-1] - warmup) / 60:.1f} min "
             f"({keep.sum()} reads; goal: within ±1 MiB/h over an hour)"
         )
+        print(f"  most requests in flight at a scrape: {inflight_max:.0f}")
+        if stall is not None:
+            print(
+                f"  server stopped {stall_for:g}s at {stall_at:.0f}s: RSS {stall[0]:.1f} -> {stall[1]:.1f} MiB "
+                f"30 s after ({stall[1] - stall[0]:+.1f} MiB)"
+            )
+            for kind in sorted(set(stall_maps[0]) | set(stall_maps[1])):
+                delta = (stall_maps[1].get(kind, 0) - stall_maps[0].get(kind, 0)) / 2**20
+                if abs(delta) >= 0.1:
+                    print(f"    {kind:<14} {delta:+.2f} MiB")
         if first.sum() >= 3 and second.sum() >= 3:
             print(
                 f"  first half {slope_mib_per_hour(t[first], mib[first]):+.2f} MiB/h, "

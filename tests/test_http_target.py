@@ -270,6 +270,27 @@ def test_server_killed_and_restarted_mid_soak(server: Server, bodies: Path, tmp_
     assert d.log.read_text().count("is down") == 1  # one line per outage, not one per refused request
 
 
+def test_requests_piling_up_behind_a_stopped_server_show_in_flight(
+    server: Server, bodies: Path, tmp_path: Path
+) -> None:
+    """Open loop at 200 req/s: while the server is stopped (SIGSTOP) the requests due stay in
+    flight and ``soakd_inflight_requests`` climbs with them (it once moved only on completions,
+    so it stood still exactly then); once the server goes on they drain."""
+    args = ["--target", server.url("/ok"), "--api", "http", "--samples", str(bodies)]
+    d = Daemon([*args, "--rate", "200", "--duration", "30s", "--warmup", "0"], tmp_path)
+    try:
+        d.wait_ready()
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: metric_value(d.metrics(), "soakd_inflight_requests") >= 100, 10, what="100 in flight")
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        wait_for(lambda: metric_value(d.metrics(), "soakd_inflight_requests") < 20, 15, what="drained")
+    finally:
+        d.stop()
+
+
 def test_open_loop_stall_counts_from_intended_send_time(bodies: Path, tmp_path: Path) -> None:
     """A server that pauses 500 ms every 2 s, 4 connections, 100 req/s: the few requests the
     server held are not the only slow ones; every request scheduled during the pause waits for a

@@ -77,6 +77,9 @@ class Engine:
         self._batch_counts = np.zeros(cfg.batcher.max_batch_size + 1, dtype=np.int64)
         self._hist = {s: metrics.request_duration.labels(s) for s in ("e2e", "queue", "inference")}
         self._lag = metrics.schedule_lag.labels("")
+        # Read at scrape time: set on completions only, the gauge stood still while a stopped
+        # server let requests pile up, the moment it is for. No cost per request either.
+        metrics.inflight.set_function(lambda: self.inflight)
         self._outcome = {o: metrics.requests.labels(o) for o in OUTCOMES}
         self._counts = dict.fromkeys(OUTCOMES, 0)
         self._counts_lock = threading.Lock()
@@ -296,7 +299,6 @@ class Engine:
                 self.executor.replace(self, n)  # closed loop: what finished, plus or minus a new target
             self._done += n
         self.metrics.queue_depth.set(len(self.batcher))
-        self.metrics.inflight.set(self._sent - self._done)
 
     def _count(self, outcome: str, n: int) -> None:
         self._outcome[outcome].inc(n)
