@@ -12,6 +12,8 @@ from typing import Any
 from soakd.telemetry.histogram import HistSnapshot
 
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}
+# An LLM soak's per-token timings: (label, key under the summary's ``llm``).
+LLM_TIMINGS = (("TTFT", "ttft_ms"), ("ITL", "itl_ms"), ("TPOT", "tpot_ms"))
 
 
 def seconds_to_ms(seconds: float) -> float | None:

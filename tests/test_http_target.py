@@ -278,15 +278,21 @@ def test_requests_piling_up_behind_a_stopped_server_show_in_flight(
     so it stood still exactly then); once the server goes on they drain."""
     args = ["--target", server.url("/ok"), "--api", "http", "--samples", str(bodies)]
     d = Daemon([*args, "--rate", "200", "--duration", "30s", "--warmup", "0"], tmp_path)
+
+    def inflight() -> float:
+        value = metric_value(d.metrics(), "soakd_inflight_requests")
+        assert value is not None, "no soakd_inflight_requests on /metrics"
+        return value
+
     try:
         d.wait_ready()
         assert server.proc is not None
         server.proc.send_signal(signal.SIGSTOP)
         try:
-            wait_for(lambda: metric_value(d.metrics(), "soakd_inflight_requests") >= 100, 10, what="100 in flight")
+            wait_for(lambda: inflight() >= 100, 10, what="100 in flight")
         finally:
             server.proc.send_signal(signal.SIGCONT)
-        wait_for(lambda: metric_value(d.metrics(), "soakd_inflight_requests") < 20, 15, what="drained")
+        wait_for(lambda: inflight() < 20, 15, what="drained")
     finally:
         d.stop()
 

@@ -24,9 +24,9 @@ from scipy.stats import norm
 from soakd.config import CompareConfig
 from soakd.report import units
 from soakd.report.noise import block_bootstrap_ci, difference, quantile_interval, rate_interval
-from soakd.report.sections import LLM_TIMINGS
 from soakd.report.slo import error_ratio
 from soakd.report.windows import series
+from soakd.summary import LLM_TIMINGS
 
 __all__ = ["Comparison", "Row", "block_bootstrap_ci", "comparison_table", "load_result", "print_comparison"]
 

@@ -10,6 +10,7 @@ from soakd.config import redact_secrets
 from soakd.names import TARGET_METRIC_PREFIX
 from soakd.report import units
 from soakd.report.slo import format_limit, format_observed
+from soakd.summary import LLM_TIMINGS
 
 STAGE_ORDER = ("e2e", "queue", "inference", "preprocess", "postprocess")
 QUANTILE_COLUMNS = ("p50", "p90", "p99", "p999", "max", "mean", "count")
@@ -124,9 +125,6 @@ def _quantile_cells(summary: dict[str, Any]) -> list[str]:
 def latency_rows(data: dict[str, Any]) -> list[list[str]]:
     lat: dict[str, dict[str, Any]] = data.get("latency_ms") or {}
     return [[s, *_quantile_cells(lat[s])] for s in stages(data)]
-
-
-LLM_TIMINGS = (("TTFT", "ttft_ms"), ("ITL", "itl_ms"), ("TPOT", "tpot_ms"))
 
 
 def llm_rows(data: dict[str, Any]) -> list[list[str]]:

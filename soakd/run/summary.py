@@ -12,7 +12,7 @@ from soakd.config import Config
 from soakd.report.memory import memory_block
 from soakd.report.slo import slo_block
 from soakd.run.windows import Delta
-from soakd.summary import stage_summary
+from soakd.summary import LLM_TIMINGS, stage_summary
 
 if TYPE_CHECKING:
     from soakd.analysis.monitor import Verdict
@@ -167,8 +167,7 @@ def print_summary(summary: dict[str, Any], out: TextIO) -> None:
             return "-" if v is None else f"{v:.2f}"
 
         cells = ", ".join(
-            f"{name} p50 {ms(llm[key]['p50'])} ms p99 {ms(llm[key]['p99'])} ms"
-            for name, key in (("TTFT", "ttft_ms"), ("ITL", "itl_ms"), ("TPOT", "tpot_ms"))
+            f"{name} p50 {ms(llm[key]['p50'])} ms p99 {ms(llm[key]['p99'])} ms" for name, key in LLM_TIMINGS
         )
         print(
             f"  {cells}; tokens in {llm['input_tokens']}, out {llm['output_tokens']} "
