@@ -22,6 +22,7 @@ import pytest
 from tests.conftest import Daemon, free_port, metric_value, run_soakd, soak, soakd_cmd, wait_for
 
 SERVER = Path(__file__).resolve().parent / "http_target_server.py"
+MINIMAL = Path(__file__).resolve().parent.parent / "bench" / "minimal_server.py"
 
 
 class Server:
@@ -295,6 +296,42 @@ def test_requests_piling_up_behind_a_stopped_server_show_in_flight(
         wait_for(lambda: inflight() < 20, 15, what="drained")
     finally:
         d.stop()
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024
+
+
+def test_a_stalled_server_raises_soakds_rss_once_not_per_stall(bodies: Path, tmp_path: Path) -> None:
+    """soakd's own memory under server stalls is a high-water mark, not a leak. Open loop at
+    1,000 req/s against bench/minimal_server.py; the server stopped for 1.5 s three times: the
+    first stall fills load.max_inflight (1024 requests alive at once) and steps soakd's RSS by
+    some MiB (pymalloc keeps an arena until it is entirely empty); the second and third reuse
+    that memory and add less than a third of the first step between them."""
+    port = free_port()
+    srv = subprocess.Popen([sys.executable, str(MINIMAL), str(port)], stdout=subprocess.PIPE, text=True)
+    assert srv.stdout is not None and srv.stdout.readline().startswith("ready")
+    args = ["--target", f"http://127.0.0.1:{port}/ok", "--api", "http", "--samples", str(bodies)]
+    d = Daemon([*args, "--rate", "1000", "--arrival", "poisson", "--duration", "60s", "--warmup", "0"], tmp_path)
+    rss: list[float] = []
+    try:
+        d.wait_ready()
+        time.sleep(8)  # past start-up's own allocations
+        rss.append(_rss_mib(d.proc.pid))
+        for _ in range(3):
+            srv.send_signal(signal.SIGSTOP)
+            time.sleep(1.5)
+            srv.send_signal(signal.SIGCONT)
+            time.sleep(4)
+            rss.append(_rss_mib(d.proc.pid))
+    finally:
+        d.stop()
+        srv.kill()
+        srv.wait()
+    first, later = rss[1] - rss[0], rss[3] - rss[1]
+    assert first > 3, rss  # the premise: a stall with 1024 requests in flight costs some MiB
+    assert later < first / 3, rss
 
 
 def test_open_loop_stall_counts_from_intended_send_time(bodies: Path, tmp_path: Path) -> None:
