@@ -73,13 +73,14 @@ def test_no_count_no_interval() -> None:
     assert quantile_interval({"p99": 1.0, "max": 2.0}, "p99", 0.95) is None
 
 
-def _short(p99_samples: np.ndarray, seconds: float) -> dict[str, Any]:
+def _short(p99_samples: np.ndarray, seconds: float, stage_name: str = "queue") -> dict[str, Any]:
+    """A summary of a short run (no windows) whose one stage holds these latencies (seconds)."""
     stage = summary_of(p99_samples)
     return {
         "throughput_rps": stage["count"] / seconds,
         "duration_seconds": seconds,
         "requests": {"ok": stage["count"]},
-        "latency_ms": {"queue": stage},
+        "latency_ms": {stage_name: stage},
         "windows": [],
         "run": {},
     }
@@ -116,16 +117,7 @@ def _in_flight_run(rng: np.random.Generator, clusters: int, base_s: float = 0.00
     own = rng.lognormal(np.log(base_s), 0.2, (clusters, k))
     stall = np.where(rng.random(clusters) < 0.03, rng.uniform(0.002, 0.008, clusters), 0.0)
     lat = (own + stall[:, None]).ravel()
-    stage = summary_of(lat)
-    seconds = float(lat.sum()) / k
-    return {
-        "throughput_rps": stage["count"] / seconds,
-        "duration_seconds": seconds,
-        "requests": {"ok": stage["count"]},
-        "latency_ms": {"e2e": stage},
-        "windows": [],
-        "run": {},
-    }
+    return _short(lat, float(lat.sum()) / k, "e2e")
 
 
 def test_requests_in_flight_together_count_as_one_sample() -> None:

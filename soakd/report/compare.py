@@ -217,13 +217,12 @@ class Comparison:
             ok = isinstance(gaps, int) and isinstance(requests, int) and requests > 0
             return gaps / requests if ok else 1.0
 
+        requests = (_per_sample(self.a), _per_sample(self.b))
+        gaps = (requests[0] * gaps_per_request(la), requests[1] * gaps_per_request(lb))
         for name, key in LLM_TIMINGS:
             sa, sb = la.get(key) or {}, lb.get(key) or {}
             if sa or sb:
-                per = (_per_sample(self.a), _per_sample(self.b))
-                if key == "itl_ms":
-                    per = (per[0] * gaps_per_request(la), per[1] * gaps_per_request(lb))
-                self._percentile_rows(name, sa, sb, None, per)
+                self._percentile_rows(name, sa, sb, None, gaps if key == "itl_ms" else requests)
         a, b = la.get("goodput_rps"), lb.get("goodput_rps")
         row = Row("goodput", a, b, "req/s")
         if a is not None and b is not None:
