@@ -7,6 +7,9 @@ temp dir). Load configurations:
 
   batch 1   soakd --concurrency 2 --max-batch-size 1, ``[batcher] instances = 2``
   batch 8   soakd --concurrency 16 --max-batch-size 8 --max-queue-delay-ms 5
+  b8 copy   the same with ``[input] pool = 9``: the default pool of 8 fills a batch of 8 with the
+            tensors its rows already hold, so no row is copied (soakd/targets/staging.py); with 9
+            every row of every batch is copied, as with inputs read from sample files
 
 The offline loop is the model alone: one thread, the same input tensor every call, warmed up on
 that thread. soakd's figure is ``throughput_rps`` from ``python -m soakd run --summary-json``.
@@ -51,9 +54,10 @@ class Load:
     concurrency: int
     instances: int
     delay_ms: float
+    pool: int = 8  # input.pool: soakd's default
 
 
-LOADS = (Load("batch 1", 1, 2, 2, 1.0), Load("batch 8", 8, 16, 1, 5.0))
+LOADS = (Load("batch 1", 1, 2, 2, 1.0), Load("batch 8", 8, 16, 1, 5.0), Load("b8 copy", 8, 16, 1, 5.0, pool=9))
 
 
 EXTRA_ENV: dict[str, str] = {}  # --threads: OMP_NUM_THREADS for every child, both sides alike
@@ -184,6 +188,8 @@ def soakd_model(work: Path, spec: str, device: str, shape: str, load: Load, warm
     config = textwrap.dedent(f"""
         [batcher]
         instances = {load.instances}
+        [input]
+        pool = {load.pool}
     """)
     s = soakd_run(
         work,
@@ -223,6 +229,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=None, help="timed seconds per model row and round (5; quick 1)")
     ap.add_argument("--rounds", type=int, default=3, help="alternating offline / soakd rounds (>= 3)")
     ap.add_argument("--models", default=",".join(KINDS), help=f"subset of {','.join(KINDS)}")
+    ap.add_argument("--loads", default=",".join(x.name for x in LOADS), help="subset of the load rows, by name")
     ap.add_argument("--seed-models", default="convnet", help="models that get the seed-harness row ('' for none)")
     ap.add_argument("--shape", default="3x224x224")
     ap.add_argument("--device", default="auto")
@@ -276,6 +283,9 @@ def main() -> int:
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         ap.error(f"--models: unknown {bad} (known: {', '.join(KINDS)})")
+    loads = [x for x in LOADS if x.name in args.loads.split(",")]
+    if not loads:
+        ap.error(f"--loads: none of {args.loads!r} (known: {', '.join(x.name for x in LOADS)})")
     seeded = {k for k in args.seed_models.split(",") if k}
     record: dict[str, Any] = {"rows": [], "ceiling": None, "open_loop": []}
     t_start = time.monotonic()
@@ -295,7 +305,7 @@ def main() -> int:
         rows = []
         for kind in kinds:
             spec = built["specs"][kind]
-            for load in LOADS:
+            for load in loads:
                 offline: list[float] = []
                 soak: list[float] = []
                 seed: list[float] = []
@@ -303,7 +313,7 @@ def main() -> int:
                     off = run_child("offline", spec, dev, args.shape, str(load.batch), str(args.warmup), str(seconds))
                     offline.append(off["rps"])
                     soak.append(soakd_model(work, spec, dev, args.shape, load, args.warmup, seconds))
-                    if kind in seeded:
+                    if kind in seeded and load.pool == 8:  # the seed harness has no pool
                         seed.append(
                             run_child(
                                 "seed",
