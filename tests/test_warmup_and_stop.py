@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from soakd.run.session import OVERHEAD_WARN_RATIO
 from tests.conftest import free_port, metric_value, scrape, soakd_cmd, wait_for
 
 MODELS = '''
@@ -277,6 +278,9 @@ def test_the_offline_figure_and_the_harness_warning(tmp_path: Path) -> None:
     assert off["rps"] > 0 and off["batch_size"] == 8 and off["achieved_ratio"] > 0
     assert "of offline" in res.stdout
     assert "soakd's own per-batch work is" in res.stderr
+    # The whole run's share, in the summary and its printout, tells the same as the warning.
+    assert off["harness_overhead_ratio"] > OVERHEAD_WARN_RATIO
+    assert f"soakd's own per-batch work {100 * off['harness_overhead_ratio']:.1f}% of the model's time" in res.stdout
 
 
 def test_an_unreachable_otlp_collector_does_not_stretch_the_exit(tmp_path: Path) -> None:

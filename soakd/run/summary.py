@@ -118,7 +118,9 @@ def build_summary(
         sent = sum(completed.values()) + stats.inflight
         summary["offered_rps"] = round(sent / stats.elapsed, 3)
     if offline is not None:
-        summary["model_offline"] = offline
+        summary["model_offline"] = dict(offline)
+        if stats.model_seconds > 0:  # soakd's own per-batch work on the model threads, against the model's
+            summary["model_offline"]["harness_overhead_ratio"] = round(stats.overhead_seconds / stats.model_seconds, 4)
     if cfg.target.url is not None and cfg.target.api == "openai":
         summary["llm"] = llm_block(metrics, stats.elapsed)
     summary["windows"] = windows
@@ -145,7 +147,12 @@ def print_summary(summary: dict[str, Any], out: TextIO) -> None:
     if off and off.get("rps"):
         print(
             f"  model alone at batch {off['batch_size']}: {off['rps']:.1f} req/s "
-            f"(achieved/offline {off['achieved_ratio']:.2f})",
+            f"(achieved/offline {off['achieved_ratio']:.2f})"
+            + (
+                f"; soakd's own per-batch work {100 * off['harness_overhead_ratio']:.1f}% of the model's time"
+                if "harness_overhead_ratio" in off
+                else ""
+            ),
             file=out,
         )
     print(f"  {'stage':<12}{'p50':>10}{'p90':>10}{'p99':>10}{'p99.9':>10}{'max':>10}  (ms)", file=out)
