@@ -183,12 +183,12 @@ def test_rows_already_holding_their_tensor_are_not_copied_again() -> None:
     """soakd's synthetic pool cycled at a batch size it divides: each row gets the same tensor every
     batch, so after the first batch nothing is copied, and every batch still holds its requests."""
     staging = StagingBuffers()
-    pool = [randn(3, 8, 8, seed=i) for i in range(8)]
+    pool = [randn(3, 48, 48, seed=i) for i in range(8)]
     for _ in range(5):
         x = staging.stack(pool)
         torch.testing.assert_close(x, torch.stack(pool), rtol=0, atol=0)
     assert staging.rows_copied == 8
-    half = [randn(3, 8, 8, seed=100 + i) for i in range(4)]
+    half = [randn(3, 48, 48, seed=100 + i) for i in range(4)]
     torch.testing.assert_close(staging.stack(half + pool[4:]), torch.stack(half + pool[4:]), rtol=0, atol=0)
     assert staging.rows_copied == 12  # only the four new rows
 
@@ -196,7 +196,7 @@ def test_rows_already_holding_their_tensor_are_not_copied_again() -> None:
 def test_a_changed_source_or_a_model_writing_its_input_is_copied_again() -> None:
     """A row is skipped only while both its source and the buffer are as they were after the copy."""
     staging = StagingBuffers()
-    pool = [randn(16, seed=i) for i in range(4)]
+    pool = [randn(4096, seed=i) for i in range(4)]
     staging.stack(pool)
     pool[2].add_(1.0)  # the source changed in place
     torch.testing.assert_close(staging.stack(pool), torch.stack(pool), rtol=0, atol=0)
@@ -210,12 +210,21 @@ def test_a_changed_source_or_a_model_writing_its_input_is_copied_again() -> None
 def test_rows_record_keeps_no_request_alive() -> None:
     """Fresh tensors per batch (sample files) are copied every time and freed once the batch is done."""
     staging = StagingBuffers()
-    first = [randn(32, seed=i) for i in range(4)]
+    first = [randn(4096, seed=i) for i in range(4)]
     ref = weakref.ref(first[0])
     staging.stack(first)
     del first
     gc.collect()
     assert ref() is None
-    fresh = [randn(32, seed=10 + i) for i in range(4)]
+    fresh = [randn(4096, seed=10 + i) for i in range(4)]
     torch.testing.assert_close(staging.stack(fresh), torch.stack(fresh), rtol=0, atol=0)
     assert staging.rows_copied == 8
+
+
+def test_small_rows_are_copied_without_looking() -> None:
+    """Below CHECK_ROW_BYTES a row costs more to check than to copy: every batch is copied."""
+    staging = StagingBuffers()
+    pool = [randn(16, seed=i) for i in range(8)]
+    for _ in range(3):
+        torch.testing.assert_close(staging.stack(pool), torch.stack(pool), rtol=0, atol=0)
+    assert staging.rows_copied == 24
