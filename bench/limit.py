@@ -219,6 +219,12 @@ def soakd_model(work: Path, spec: str, device: str, shape: str, load: Load, warm
 # ---------------------------------------------------------------------------------- main
 
 
+def paired(row: dict[str, Any]) -> float:
+    """Median over rounds of soakd / offline within a round: the two ran back to back, so a
+    machine that drifts between rounds (a neighbour's load) moves both sides of each ratio."""
+    return statistics.median(s / o for s, o in zip(row["soakd"], row["offline"], strict=True) if o > 0)
+
+
 def fmt_rounds(values: list[float]) -> str:
     return ", ".join(f"{v:.0f}" for v in values)
 
@@ -408,14 +414,21 @@ def main() -> int:
 
     # The table of ratios.
     print(f"\nsoakd vs the model's own offline loop (medians of {args.rounds}; goal soakd/offline >= 0.95)")
-    print(f"  {'model':<12} {'load':<8} {'offline':>9} {'soakd':>9} {'soakd/off':>9} {'seed':>9} {'seed/off':>9}")
+    print("  (soakd/off: ratio of the medians; paired: median of each round's soakd / offline)")
+    print(
+        f"  {'model':<12} {'load':<8} {'offline':>9} {'soakd':>9} {'soakd/off':>9} {'paired':>7}"
+        f" {'seed':>9} {'seed/off':>9}"
+    )
     for row in rows:
         off_m, soak_m = statistics.median(row["offline"]), statistics.median(row["soakd"])
         seed_cols = f"{'-':>9} {'-':>9}"
         if row["seed"]:
             seed_m = statistics.median(row["seed"])
             seed_cols = f"{seed_m:9.1f} {seed_m / off_m:9.3f}"
-        print(f"  {row['model']:<12} {row['load']:<8} {off_m:9.1f} {soak_m:9.1f} {soak_m / off_m:9.3f} {seed_cols}")
+        print(
+            f"  {row['model']:<12} {row['load']:<8} {off_m:9.1f} {soak_m:9.1f} {soak_m / off_m:9.3f}"
+            f" {paired(row):7.3f} {seed_cols}"
+        )
     if ceiling:
         med = statistics.median(ceiling)
         print(
