@@ -12,7 +12,10 @@ more than soakd can know:
   (:class:`ReplicaDraw`). What fresh_traces draws from the parameter stream rather than a
   noise stream is shared by every replica, so the oracle knows it exactly: the level, the
   warm-up rise (``leak_warmup``) and the diurnal cycle (``leak_diurnal``) are deterministic
-  given the parameters. That makes the oracle more generous, not less.
+  given the parameters. That makes the oracle more generous, not less. (What a noise stream
+  draws differs between replicas, as between seeds: the count, periods and phases of a
+  sum-of-sinusoids wander, the sawtooth's cycles; a staircase's steps also come from a noise
+  stream, but the leak is the trace's own in every replica.)
 
 Statistic: the least-squares slope from that start to the end, on (a) the raw 10 s samples
 and (b) the minima of 60 s bins aligned to the run's start (the troughs soakd judges). The
@@ -32,8 +35,9 @@ steps, the leak's curvature or the noise's non-Gaussian tails, or that knows the
 spectrum and weights by it (generalised least squares), could do better. Nothing here runs or
 tunes the detector; the fresh set stays held out.
 
-    .venv/bin/python bench/leak_oracle.py --seeds 20 --replicas 200   # all leaking shapes
-    .venv/bin/python bench/leak_oracle.py --seeds 2 --replicas 50     # a quick look
+    .venv/bin/python bench/leak_oracle.py --seeds 20 --replicas 2000  # docs/leak-verdicts.md's table, ~4 min
+    .venv/bin/python bench/leak_oracle.py --seeds 20 --replicas 200   # ~20 s; 0.1% then reads high
+    .venv/bin/python bench/leak_oracle.py --shapes leak_wander_5 --levels 0.3,0.01  # other levels
 """
 
 from __future__ import annotations
