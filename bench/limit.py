@@ -222,7 +222,7 @@ def soakd_model(work: Path, spec: str, device: str, shape: str, load: Load, warm
 def paired(row: dict[str, Any]) -> float:
     """Median over rounds of soakd / offline within a round: the two ran back to back, so a
     machine that drifts between rounds (a neighbour's load) moves both sides of each ratio."""
-    return statistics.median(s / o for s, o in zip(row["soakd"], row["offline"], strict=True) if o > 0)
+    return float(statistics.median(s / o for s, o in zip(row["soakd"], row["offline"], strict=True) if o > 0))
 
 
 def fmt_rounds(values: list[float]) -> str:
