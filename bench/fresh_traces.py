@@ -412,14 +412,27 @@ LEAKING: dict[str, Shape] = {
 SHAPES: dict[str, Shape] = {**LEAK_FREE, **LEAKING}
 
 
-def _build(shape: str, seed: int, duration: float, interval: float) -> tuple[Held, dict[str, Array]]:
+def to_pages(v: Array) -> Array:
+    """Bytes rounded to whole 4 KiB pages, as a process's memory is."""
+    return np.asarray(np.round(v / PAGE) * PAGE, dtype=np.float64)
+
+
+def draw(shape: str, seed: int, duration: float, interval: float, make: Callable[..., Draw] = Draw) -> Draw:
+    """The parts of (shape, seed) on a grid of ``interval`` over ``duration``; ``make`` builds the
+    Draw from (shape, seed, t, params stream), e.g. one whose noise streams are keyed otherwise."""
     if shape not in SHAPES:
         raise KeyError(f"unknown fresh trace shape {shape!r}; known: {', '.join(SHAPES)}")
     n = round(duration / interval) + 1
     t = np.arange(n, dtype=np.float64) * interval
-    d = Draw(shape, seed, t, _rng(shape, seed, "params"))
+    d = make(shape, seed, t, _rng(shape, seed, "params"))
     SHAPES[shape](d)
-    v = np.round(np.sum(list(d.parts.values()), axis=0) / PAGE) * PAGE
+    return d
+
+
+def _build(shape: str, seed: int, duration: float, interval: float) -> tuple[Held, dict[str, Array]]:
+    d = draw(shape, seed, duration, interval)
+    t = d.t
+    v = to_pages(np.sum(list(d.parts.values()), axis=0))
     leaking = shape in LEAKING
     rate = d.info.get("leak_rate", 0.0) if leaking else 0.0
     held = Held(shape, seed, leaking, t, v, d.leak_start if leaking else None, rate, dict(d.info))

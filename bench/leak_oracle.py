@@ -94,16 +94,17 @@ class Built:
 
 def build(shape: str, seed: int, *, hours: float = 6.0, replica: int | None = None) -> Built:
     """fresh_traces' construction of (shape, seed) with replica ``replica``'s noise streams."""
-    n = round(hours * H / INTERVAL) + 1
-    t = np.arange(n, dtype=np.float64) * INTERVAL
-    d = ReplicaDraw(shape, seed, t, fresh._rng(shape, seed, "params"))
-    d.replica = replica
-    fresh.SHAPES[shape](d)
+
+    def make(*args: object) -> fresh.Draw:
+        d = ReplicaDraw(*args)  # type: ignore[arg-type]
+        d.replica = replica
+        return d
+
+    d = fresh.draw(shape, seed, hours * H, INTERVAL, make)
     return Built(d.parts, d.info, d.leak_start)
 
 
-def pages(v: Array) -> Array:
-    return np.asarray(np.round(v / fresh.PAGE) * fresh.PAGE, dtype=np.float64)
+pages = fresh.to_pages  # the trace's own rounding to pages
 
 
 def slopes(t: Array, v: Array, since: float) -> dict[str, Array]:

@@ -47,6 +47,9 @@ KINDS = ("convnet", "python", "torchscript", "export")
 SEED_THREADS = 2
 
 
+DEFAULT_POOL = 8  # soakd's input.pool
+
+
 @dataclass(frozen=True)
 class Load:
     name: str
@@ -54,7 +57,7 @@ class Load:
     concurrency: int
     instances: int
     delay_ms: float
-    pool: int = 8  # input.pool: soakd's default
+    pool: int = DEFAULT_POOL
 
 
 LOADS = (Load("batch 1", 1, 2, 2, 1.0), Load("batch 8", 8, 16, 1, 5.0), Load("b8 copy", 8, 16, 1, 5.0, pool=9))
@@ -319,7 +322,7 @@ def main() -> int:
                     off = run_child("offline", spec, dev, args.shape, str(load.batch), str(args.warmup), str(seconds))
                     offline.append(off["rps"])
                     soak.append(soakd_model(work, spec, dev, args.shape, load, args.warmup, seconds))
-                    if kind in seeded and load.pool == 8:  # the seed harness has no pool
+                    if kind in seeded and load.pool == DEFAULT_POOL:  # the seed harness has no pool
                         seed.append(
                             run_child(
                                 "seed",

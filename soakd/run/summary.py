@@ -145,16 +145,11 @@ def print_summary(summary: dict[str, Any], out: TextIO) -> None:
         print(f"  offered {summary['offered_rps']:.1f} req/s, achieved {summary['throughput_rps']:.1f} req/s", file=out)
     off = summary.get("model_offline")
     if off and off.get("rps"):
-        print(
-            f"  model alone at batch {off['batch_size']}: {off['rps']:.1f} req/s "
-            f"(achieved/offline {off['achieved_ratio']:.2f})"
-            + (
-                f"; soakd's own per-batch work {100 * off['harness_overhead_ratio']:.1f}% of the model's time"
-                if "harness_overhead_ratio" in off
-                else ""
-            ),
-            file=out,
-        )
+        line = f"  model alone at batch {off['batch_size']}: {off['rps']:.1f} req/s"
+        line += f" (achieved/offline {off['achieved_ratio']:.2f})"
+        if "harness_overhead_ratio" in off:
+            line += f"; soakd's own per-batch work {100 * off['harness_overhead_ratio']:.1f}% of the model's time"
+        print(line, file=out)
     print(f"  {'stage':<12}{'p50':>10}{'p90':>10}{'p99':>10}{'p99.9':>10}{'max':>10}  (ms)", file=out)
     for stage, s in summary["latency_ms"].items():
         cells = "".join(

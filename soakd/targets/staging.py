@@ -32,6 +32,7 @@ record holds weak references: it keeps no request's tensor alive.
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from collections import OrderedDict
@@ -91,26 +92,25 @@ class StagingBuffers:
 
     def _fill(self, key: Key, buf: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
         """Copy into ``buf`` the rows that do not already hold their tensor (see the module docstring)."""
+        n, shape, dtype = key
+        if math.prod(shape) * dtype.itemsize < CHECK_ROW_BYTES:
+            torch.stack(list(tensors), out=buf)
+            self.rows_copied += n
+            return
         held = self._held.get(key)
         if held is None or held.version != buf._version:
             torch.stack(list(tensors), out=buf)
-            self.rows_copied += len(tensors)
-            if buf[0].nbytes >= CHECK_ROW_BYTES:
-                self._held[key] = _Held([(weakref.ref(t), t._version) for t in tensors], buf._version)
-            return
-        rows = held.rows
-        stale = [i for i, t in enumerate(tensors) if rows[i][0]() is not t or t._version != rows[i][1]]
-        if not stale:
-            return
-        if len(stale) == len(tensors):
-            torch.stack(list(tensors), out=buf)
+            held = self._held[key] = _Held([(weakref.ref(t), t._version) for t in tensors], 0)
+            copied = n
         else:
+            rows = held.rows
+            stale = [i for i, t in enumerate(tensors) if rows[i][0]() is not t or t._version != rows[i][1]]
             for i in stale:
                 buf[i].copy_(tensors[i])
-        for i in stale:
-            rows[i] = (weakref.ref(tensors[i]), tensors[i]._version)
+                rows[i] = (weakref.ref(tensors[i]), tensors[i]._version)
+            copied = len(stale)
         held.version = buf._version
-        self.rows_copied += len(stale)
+        self.rows_copied += copied
 
     def collate(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         """``pad_collate``'s semantics: the same shapes stack; 1-D (or N-D) sequences of
