@@ -29,8 +29,10 @@ left over from the other side, could not be told apart from soakd's own cost).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -66,9 +68,16 @@ LOADS = (Load("batch 1", 1, 2, 2, 1.0), Load("batch 8", 8, 16, 1, 5.0), Load("b8
 EXTRA_ENV: dict[str, str] = {}  # --threads: OMP_NUM_THREADS for every child, both sides alike
 
 
-def env() -> dict[str, str]:
+def env(**extra: str) -> dict[str, str]:
     path = os.environ.get("PYTHONPATH", "")
-    return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{path}" if path else str(REPO), **EXTRA_ENV}
+    return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{path}" if path else str(REPO), **EXTRA_ENV, **extra}
+
+
+def pinned(cpus: frozenset[int] | None) -> Any:
+    """A preexec_fn that pins the child (and every thread it starts) to ``cpus``; None: no pinning."""
+    if cpus is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
 
 
 # ---------------------------------------------------------------------------------- children
@@ -122,6 +131,34 @@ def child_offline(
         return {"rps": n / (time.perf_counter() - t0)}
 
 
+def child_offline_trace(
+    spec: str, device: str, shape: tuple[int, ...], batch: int, warmup: int, trace: str, seconds: float
+) -> dict[str, Any]:
+    """The offline loop for --side-by-side: as child_offline, but appending ``time.time() requests``
+    to ``trace`` every 50 ms for up to ``seconds`` (or until killed), so the parent can count its
+    requests over exactly the window soakd measured in the other process."""
+    import torch
+
+    from soakd.models.loader import load_model
+
+    model = load_model(spec, device)
+    x = torch.randn(batch, *shape, device=model.device)
+    with torch.inference_mode(), open(trace, "w", buffering=1) as out:
+        for _ in range(warmup):
+            model.fn(x)
+        n, t0 = 0, time.time()
+        last = t0
+        out.write(f"{t0:.6f} 0\n")
+        while last - t0 < seconds:
+            model.fn(x)
+            n += batch
+            now = time.time()
+            if now - last >= 0.05:
+                out.write(f"{now:.6f} {n}\n")
+                last = now
+    return {"requests": n}
+
+
 def child_seed(
     spec: str, device: str, shape: tuple[int, ...], batch: int, warmup: int, seconds: float, rate_hint: float
 ) -> dict[str, Any]:
@@ -145,12 +182,31 @@ def run_child(*args: str, timeout: float = 600) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------- soakd runs
 
 
-def soakd_run(work: Path, flags: list[str], config: str = "", timeout: float = 600) -> dict[str, Any]:
-    """``python -m soakd run ... --summary-json``; its summary. Once the summary is written the
-    figures are final, so the process is stopped there rather than left drawing its HTML report
-    (seconds per run on a busy 2-core box)."""
+@dataclass(frozen=True)
+class SoakdRun:
+    summary: dict[str, Any]
+    log: str
+
+    def window(self) -> tuple[float, float]:
+        """The measured window in epoch seconds: from the "ready" log line (logged as the engine
+        starts) for the summary's ``duration_seconds``. The log's asctime is local time to the
+        millisecond, in the same time zone as this process."""
+        m = re.search(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO soakd\.daemon: ready", self.log, re.M)
+        if m is None:
+            raise RuntimeError(f"no 'ready' line in soakd's log: {self.log[-2000:]}")
+        start = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1e3
+        return start, start + float(self.summary["duration_seconds"])
+
+
+def soakd_run(
+    work: Path, flags: list[str], config: str = "", timeout: float = 600, cpus: frozenset[int] | None = None
+) -> SoakdRun:
+    """``python -m soakd run ... --summary-json`` (pinned to ``cpus`` when given); its summary and
+    log. Once the summary is written the figures are final, so the process is stopped there rather
+    than left drawing its HTML report (seconds per run on a busy 2-core box)."""
     run = tempfile.mkdtemp(dir=work)
     summary = Path(run) / "summary.json"
+    log_path = Path(run) / "soakd.log"
     cmd = [
         sys.executable,
         "-m",
@@ -167,34 +223,45 @@ def soakd_run(work: Path, flags: list[str], config: str = "", timeout: float = 6
     if config:
         (Path(run) / "soak.toml").write_text(config)
         cmd += ["--config", str(Path(run) / "soak.toml")]
-    log = (Path(run) / "soakd.log").open("w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env(), cwd=run)
-    deadline = time.monotonic() + timeout
-    try:
-        while not summary.exists():  # written atomically: present means complete
-            if proc.poll() is not None:
-                if summary.exists():
-                    break
-                raise RuntimeError(f"soakd exited {proc.returncode}: {(Path(run) / 'soakd.log').read_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"soakd did not finish within {timeout:.0f} s")
-            time.sleep(0.05)
-        return json.loads(summary.read_text())  # type: ignore[no-any-return]
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        log.close()
+    extra = {"OMP_NUM_THREADS": str(len(cpus))} if cpus else {}
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env(**extra), cwd=run, preexec_fn=pinned(cpus)
+        )
+        deadline = time.monotonic() + timeout
+        try:
+            while not summary.exists():  # written atomically: present means complete
+                if proc.poll() is not None:
+                    if summary.exists():
+                        break
+                    raise RuntimeError(f"soakd exited {proc.returncode}: {log_path.read_text()[-3000:]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"soakd did not finish within {timeout:.0f} s")
+                time.sleep(0.05)
+            return SoakdRun(json.loads(summary.read_text()), log_path.read_text())
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+            proc.wait()
 
 
-def soakd_model(work: Path, spec: str, device: str, shape: str, load: Load, warmup: int, seconds: float) -> float:
+def soakd_model(
+    work: Path,
+    spec: str,
+    device: str,
+    shape: str,
+    load: Load,
+    warmup: int,
+    seconds: float,
+    cpus: frozenset[int] | None = None,
+) -> SoakdRun:
     config = textwrap.dedent(f"""
         [batcher]
         instances = {load.instances}
         [input]
         pool = {load.pool}
     """)
-    s = soakd_run(
+    return soakd_run(
         work,
         [
             "--model",
@@ -215,8 +282,79 @@ def soakd_model(work: Path, spec: str, device: str, shape: str, load: Load, warm
             f"{seconds}s",
         ],
         config,
+        cpus=cpus,
     )
-    return float(s["throughput_rps"])
+
+
+def trace_rate(trace: Path, start: float, end: float) -> float:
+    """Requests per second of an offline trace (``time requests`` lines) between two epoch times,
+    its cumulative count interpolated linearly between the 50 ms marks."""
+    points = [(float(t), int(n)) for t, n in (line.split() for line in trace.read_text().splitlines() if line)]
+    if not points or points[0][0] > start or points[-1][0] < end:
+        raise RuntimeError(f"the offline loop's trace {trace} does not cover soakd's window {start:.3f}-{end:.3f}")
+
+    def count(at: float) -> float:
+        for (t0, n0), (t1, n1) in itertools.pairwise(points):
+            if t0 <= at <= t1:
+                return n0 + (n1 - n0) * (at - t0) / (t1 - t0) if t1 > t0 else float(n1)
+        raise AssertionError("unreachable: the window is inside the trace")
+
+    return (count(end) - count(start)) / (end - start)
+
+
+def last_mark(trace: Path) -> float:
+    lines = trace.read_text().splitlines()
+    return float(lines[-1].split()[0]) if lines else 0.0
+
+
+def side_by_side_round(
+    work: Path,
+    spec: str,
+    device: str,
+    shape: str,
+    load: Load,
+    warmup: int,
+    seconds: float,
+    cpus: tuple[frozenset[int], frozenset[int]],
+) -> tuple[float, SoakdRun]:
+    """One round of --side-by-side: the offline loop pinned to ``cpus[0]`` and soakd to ``cpus[1]``,
+    running at the same time, each with OMP_NUM_THREADS = its share; the offline req/s over soakd's
+    measured window, and soakd's run. Both sides see the same neighbours at the same moment, which the
+    alternating rounds cannot give on a shared host whose speed moves by 20-40% within seconds."""
+    off_cpus, soak_cpus = cpus
+    trace = Path(tempfile.mkstemp(dir=work, suffix=".trace")[1])
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "offline-trace", spec, device, shape]
+    cmd += [str(load.batch), str(warmup), str(trace), "600"]
+    errors = trace.with_suffix(".log")
+    with errors.open("w") as err:
+        off = subprocess.Popen(
+            cmd,
+            env=env(OMP_NUM_THREADS=str(len(off_cpus))),
+            preexec_fn=pinned(off_cpus),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while not trace.read_text():  # warmed up and timing before soakd starts
+            if off.poll() is not None:
+                raise RuntimeError(f"the offline loop exited {off.returncode}: {errors.read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("the offline loop did not start within 300 s")
+            time.sleep(0.05)
+        run = soakd_model(work, spec, device, shape, load, warmup, seconds, soak_cpus)
+        start, end = run.window()
+        deadline = time.monotonic() + 120
+        while last_mark(trace) < end:  # the offline call in flight at soakd's end must finish first
+            if off.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the offline loop stopped before soakd's window ended: {errors.read_text()[-2000:]}"
+                )
+            time.sleep(0.05)
+        return trace_rate(trace, start, end), run
+    finally:
+        off.kill()
+        off.wait()
 
 
 # ---------------------------------------------------------------------------------- main
@@ -250,6 +388,13 @@ def main() -> int:
         help="OMP_NUM_THREADS for every process (default: torch's own); 1 takes OpenMP out of the "
         "comparison, e.g. on a machine shared with other load",
     )
+    ap.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="CPU: run each round's offline loop and soakd at the same time, each pinned to half of "
+        "the CPUs with OMP_NUM_THREADS set to its half (halves swapped every round), the offline "
+        "rate counted over soakd's measured window: both sides see the same neighbours",
+    )
     ap.add_argument("--noop-seconds", type=float, default=None, help="seconds per builtin:noop run (5; quick 2)")
     ap.add_argument("--rates", default="20000,50000,100000", help="open-loop Poisson rates, req/s ('' to skip)")
     ap.add_argument("--no-ceiling", action="store_true", help="skip the builtin:noop closed-loop ceiling")
@@ -261,6 +406,11 @@ def main() -> int:
         kind, *rest = args.child
         if kind == "build":
             out = child_build(rest[0], rest[1], tuple(int(d) for d in rest[2].split("x")))
+        elif kind == "offline-trace":
+            spec, device, shape, batch, warmup, trace, seconds = rest
+            out = child_offline_trace(
+                spec, device, tuple(int(d) for d in shape.split("x")), int(batch), int(warmup), trace, float(seconds)
+            )
         elif kind == "offline":
             spec, device, shape, batch, warmup, seconds = rest
             out = child_offline(
@@ -285,6 +435,8 @@ def main() -> int:
     seconds = args.seconds or (1.5 if args.quick else 5.0)
     if args.warmup is None:
         args.warmup = 5 if args.quick else 20
+    if args.threads is not None and args.side_by_side:
+        ap.error("--threads and --side-by-side: the side-by-side rounds set each side's threads to its half")
     if args.threads is not None:
         EXTRA_ENV["OMP_NUM_THREADS"] = str(args.threads)
     noop_s = args.noop_seconds or (2.0 if args.quick else 5.0)
@@ -303,12 +455,27 @@ def main() -> int:
         work = Path(tmp)
         built = run_child("build", tmp, args.device, args.shape)
         dev = built["device"]
+        halves: tuple[frozenset[int], frozenset[int]] | None = None
+        if args.side_by_side:
+            if dev != "cpu":
+                ap.error("--side-by-side: CPU only (one device cannot be shared out without the sides meeting)")
+            cpus = sorted(os.sched_getaffinity(0))
+            if len(cpus) < 2:
+                ap.error("--side-by-side: needs at least 2 CPUs")
+            half = len(cpus) // 2
+            halves = (frozenset(cpus[:half]), frozenset(cpus[half : 2 * half]))
         where = built["cuda_name"] or f"cpu, {os.cpu_count()} cores, torch threads {built['threads']}"
         print(
             f"device {dev} ({where}), torch {built['torch']}; {seconds:g} s per model row, {args.rounds} rounds, "
             f"warm-up {args.warmup}, each figure its own process; shape {args.shape}",
             flush=True,
         )
+        if halves:
+            print(
+                f"side by side: offline and soakd at the same time on CPUs {sorted(halves[0])} / {sorted(halves[1])}"
+                f" (swapped every round), OMP_NUM_THREADS={len(halves[0])} each",
+                flush=True,
+            )
 
         # 1. soakd against each model's offline loop.
         rows = []
@@ -318,11 +485,20 @@ def main() -> int:
                 offline: list[float] = []
                 soak: list[float] = []
                 seed: list[float] = []
-                for _ in range(args.rounds):
-                    off = run_child("offline", spec, dev, args.shape, str(load.batch), str(args.warmup), str(seconds))
-                    offline.append(off["rps"])
-                    soak.append(soakd_model(work, spec, dev, args.shape, load, args.warmup, seconds))
-                    if kind in seeded and load.pool == DEFAULT_POOL:  # the seed harness has no pool
+                inproc: list[float] = []  # soakd's own achieved / its in-process probe of the model alone
+                for r in range(args.rounds):
+                    if halves:  # both at once; the halves swap every round
+                        pair = halves if r % 2 == 0 else (halves[1], halves[0])
+                        off_rps, run = side_by_side_round(work, spec, dev, args.shape, load, args.warmup, seconds, pair)
+                    else:
+                        off_rps = run_child(
+                            "offline", spec, dev, args.shape, str(load.batch), str(args.warmup), str(seconds)
+                        )["rps"]
+                        run = soakd_model(work, spec, dev, args.shape, load, args.warmup, seconds)
+                    offline.append(off_rps)
+                    soak.append(float(run.summary["throughput_rps"]))
+                    inproc.append(float((run.summary.get("model_offline") or {}).get("achieved_ratio") or 0.0))
+                    if kind in seeded and load.pool == DEFAULT_POOL and not halves:  # the seed harness has no pool
                         seed.append(
                             run_child(
                                 "seed",
@@ -332,17 +508,18 @@ def main() -> int:
                                 str(load.batch),
                                 str(args.warmup),
                                 str(seconds),
-                                str(off["rps"]),
+                                str(off_rps),
                             )["rps"]
                         )
                 row = {"model": kind, "spec": spec, "load": load.name, "offline": offline, "soakd": soak, "seed": seed}
+                row["in_process"] = inproc
                 rows.append(row)
                 record["rows"].append(row)
                 off_m, soak_m = statistics.median(offline), statistics.median(soak)
                 line = (
                     f"  {kind:<12} {load.name:<8} offline {off_m:9.1f}  soakd {soak_m:9.1f}  "
                     f"soakd/offline {soak_m / off_m:6.3f}   rounds offline [{fmt_rounds(offline)}] "
-                    f"soakd [{fmt_rounds(soak)}]"
+                    f"soakd [{fmt_rounds(soak)}] in-process [{', '.join(f'{v:.2f}' for v in inproc)}]"
                 )
                 if seed:
                     line += f" seed [{fmt_rounds(seed)}]"
@@ -372,7 +549,7 @@ def main() -> int:
                         "--duration",
                         f"{noop_s}s",
                     ],
-                )
+                ).summary
                 ceiling.append(float(s["throughput_rps"]))
             record["ceiling"] = ceiling
 
@@ -401,7 +578,7 @@ def main() -> int:
                     "--duration",
                     f"{noop_s}s",
                 ],
-            )
+            ).summary
             req = s["requests"]
             item = {
                 "rate": rate,

@@ -1,0 +1,48 @@
+"""bench/limit.py's side-by-side rounds: the offline loop is counted over exactly soakd's window."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from bench import limit
+
+
+def test_the_offline_trace_is_counted_over_the_window_only(tmp_path: Path) -> None:
+    trace = tmp_path / "off.trace"
+    # 100 req/s for 10 s, then 300 req/s: marks every 50 ms, as child_offline_trace writes them.
+    lines, n = [], 0.0
+    for k in range(401):
+        t = k * 0.05
+        lines.append(f"{1000 + t:.6f} {round(n)}")
+        n += (100 if t < 10 else 300) * 0.05
+    trace.write_text("\n".join(lines) + "\n")
+    assert limit.trace_rate(trace, 1002.0, 1008.0) == pytest.approx(100, rel=1e-3)
+    assert limit.trace_rate(trace, 1005.0, 1015.0) == pytest.approx(200, rel=1e-3)  # half at each rate
+    assert limit.trace_rate(trace, 1012.525, 1019.0) == pytest.approx(300, rel=1e-3)  # between marks
+    with pytest.raises(RuntimeError, match="does not cover"):
+        limit.trace_rate(trace, 999.0, 1005.0)  # began before the loop was timing
+    with pytest.raises(RuntimeError, match="does not cover"):
+        limit.trace_rate(trace, 1015.0, 1021.0)  # ended after its last mark
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pins to one of two CPUs")
+def test_a_pinned_soakd_run_reports_its_measured_window(tmp_path: Path) -> None:
+    cpu = min(os.sched_getaffinity(0))
+    before = time.time()
+    run = limit.soakd_run(
+        tmp_path,
+        ["--model", "builtin:noop", "--input-shapes", "16", "--warmup", "5", "--concurrency", "8", "--duration", "2s"],
+        cpus=frozenset({cpu}),
+    )
+    after = time.time()
+    start, end = run.window()
+    assert before < start < end < after
+    assert end - start == pytest.approx(float(run.summary["duration_seconds"]))
+    assert 1.9 < end - start < 3.0
+    assert float(run.summary["throughput_rps"]) > 0
+    # Pinned to one CPU, the model threads get one intra-op thread (OMP_NUM_THREADS is the share).
+    assert "1 model instance, 1 intra-op thread each" in run.log
