@@ -40,6 +40,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,7 @@ def env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{path}" if path else str(REPO), **EXTRA_ENV, **extra}
 
 
-def pinned(cpus: frozenset[int] | None) -> Any:
+def pinned(cpus: frozenset[int] | None) -> Callable[[], None] | None:
     """A preexec_fn that pins the child (and every thread it starts) to ``cpus``; None: no pinning."""
     if cpus is None:
         return None
@@ -245,41 +246,45 @@ def soakd_run(
             proc.wait()
 
 
-def soakd_model(
-    work: Path,
-    spec: str,
-    device: str,
-    shape: str,
-    load: Load,
-    warmup: int,
-    seconds: float,
-    cpus: frozenset[int] | None = None,
-) -> SoakdRun:
+@dataclass(frozen=True)
+class Case:
+    """One row's measurement: a model at a load, the same for every round and both sides."""
+
+    work: Path
+    spec: str
+    device: str
+    shape: str
+    load: Load
+    warmup: int
+    seconds: float
+
+
+def soakd_model(case: Case, cpus: frozenset[int] | None = None) -> SoakdRun:
     config = textwrap.dedent(f"""
         [batcher]
-        instances = {load.instances}
+        instances = {case.load.instances}
         [input]
-        pool = {load.pool}
+        pool = {case.load.pool}
     """)
     return soakd_run(
-        work,
+        case.work,
         [
             "--model",
-            spec,
+            case.spec,
             "--device",
-            device,
+            case.device,
             "--input-shapes",
-            shape,
+            case.shape,
             "--warmup",
-            str(warmup),
+            str(case.warmup),
             "--concurrency",
-            str(load.concurrency),
+            str(case.load.concurrency),
             "--max-batch-size",
-            str(load.batch),
+            str(case.load.batch),
             "--max-queue-delay-ms",
-            str(load.delay_ms),
+            str(case.load.delay_ms),
             "--duration",
-            f"{seconds}s",
+            f"{case.seconds}s",
         ],
         config,
         cpus=cpus,
@@ -307,24 +312,15 @@ def last_mark(trace: Path) -> float:
     return float(lines[-1].split()[0]) if lines else 0.0
 
 
-def side_by_side_round(
-    work: Path,
-    spec: str,
-    device: str,
-    shape: str,
-    load: Load,
-    warmup: int,
-    seconds: float,
-    cpus: tuple[frozenset[int], frozenset[int]],
-) -> tuple[float, SoakdRun]:
+def side_by_side_round(case: Case, cpus: tuple[frozenset[int], frozenset[int]]) -> tuple[float, SoakdRun]:
     """One round of --side-by-side: the offline loop pinned to ``cpus[0]`` and soakd to ``cpus[1]``,
     running at the same time, each with OMP_NUM_THREADS = its share; the offline req/s over soakd's
     measured window, and soakd's run. Both sides see the same neighbours at the same moment, which the
     alternating rounds cannot give on a shared host whose speed moves by 20-40% within seconds."""
     off_cpus, soak_cpus = cpus
-    trace = Path(tempfile.mkstemp(dir=work, suffix=".trace")[1])
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "offline-trace", spec, device, shape]
-    cmd += [str(load.batch), str(warmup), str(trace), "600"]
+    trace = Path(tempfile.mkstemp(dir=case.work, suffix=".trace")[1])
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "offline-trace", case.spec, case.device]
+    cmd += [case.shape, str(case.load.batch), str(case.warmup), str(trace), "600"]
     errors = trace.with_suffix(".log")
     with errors.open("w") as err:
         off = subprocess.Popen(
@@ -342,7 +338,7 @@ def side_by_side_round(
             if time.monotonic() > deadline:
                 raise RuntimeError("the offline loop did not start within 300 s")
             time.sleep(0.05)
-        run = soakd_model(work, spec, device, shape, load, warmup, seconds, soak_cpus)
+        run = soakd_model(case, soak_cpus)
         start, end = run.window()
         deadline = time.monotonic() + 120
         while last_mark(trace) < end:  # the offline call in flight at soakd's end must finish first
@@ -486,15 +482,16 @@ def main() -> int:
                 soak: list[float] = []
                 seed: list[float] = []
                 inproc: list[float] = []  # soakd's own achieved / its in-process probe of the model alone
+                case = Case(work, spec, dev, args.shape, load, args.warmup, seconds)
                 for r in range(args.rounds):
                     if halves:  # both at once; the halves swap every round
                         pair = halves if r % 2 == 0 else (halves[1], halves[0])
-                        off_rps, run = side_by_side_round(work, spec, dev, args.shape, load, args.warmup, seconds, pair)
+                        off_rps, run = side_by_side_round(case, pair)
                     else:
                         off_rps = run_child(
                             "offline", spec, dev, args.shape, str(load.batch), str(args.warmup), str(seconds)
                         )["rps"]
-                        run = soakd_model(work, spec, dev, args.shape, load, args.warmup, seconds)
+                        run = soakd_model(case)
                     offline.append(off_rps)
                     soak.append(float(run.summary["throughput_rps"]))
                     inproc.append(float((run.summary.get("model_offline") or {}).get("achieved_ratio") or 0.0))
