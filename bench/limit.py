@@ -11,8 +11,9 @@ temp dir). Load configurations:
             tensors its rows already hold, so no row is copied (soakd/targets/staging.py); with 9
             every row of every batch is copied, as with inputs read from sample files
 
-The offline loop is the model alone: one thread, the same input tensor every call, warmed up on
-that thread. soakd's figure is ``throughput_rps`` from ``python -m soakd run --summary-json``.
+The offline loop is the model alone: one thread (not the main one: see ``on_thread``), the same
+input tensor every call, warmed up on that thread. soakd's figure is ``throughput_rps`` from
+``python -m soakd run --summary-json``.
 The seed article's harness (bench/seed_harness.py, 2 threads on one pre-made tensor) is the
 baseline row. Then the driver's own limits on ``builtin:noop``: the closed-loop ceiling at batch
 1024, and open-loop Poisson arrivals at each ``--rates`` value (achieved / offered, schedule lag
@@ -39,15 +40,17 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 REPO = Path(__file__).resolve().parent.parent
 KINDS = ("convnet", "python", "torchscript", "export")
 SEED_THREADS = 2
+T = TypeVar("T")
 
 
 DEFAULT_POOL = 8  # soakd's input.pool
@@ -107,10 +110,35 @@ def child_build(out_dir: str, device: str, shape: tuple[int, ...]) -> dict[str, 
     }
 
 
+def on_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` on a new thread, warm-up included, as soakd calls a model (on its model threads).
+
+    Not the main thread, because glibc serves the two differently: the main thread allocates from
+    the main arena (sbrk, trimmed back to the kernel as blocks are freed), other threads from
+    arenas of their own. A model whose activations are megabytes per call (the builtin convnet at
+    batch 1: 12.8 MB out of its first conv) then page-faults on every call in the main thread and
+    runs at about half the speed it gets on any other thread (36 against 68 req/s on one CPU)."""
+    box: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            box.append(fn())
+        except BaseException as exc:  # re-raised on the calling thread
+            errors.append(exc)
+
+    t = threading.Thread(target=run, name="offline")
+    t.start()
+    t.join()
+    if errors:
+        raise errors[0]
+    return box[0]
+
+
 def child_offline(
     spec: str, device: str, shape: tuple[int, ...], batch: int, warmup: int, seconds: float
 ) -> dict[str, Any]:
-    """The model alone: warmed up and run on this thread, one input reused, synchronised per call."""
+    """The model alone: warmed up and run on one thread, one input reused, synchronised per call."""
     import torch
 
     from soakd.models.loader import load_model
@@ -118,18 +146,22 @@ def child_offline(
     model = load_model(spec, device)
     cuda = model.device.type == "cuda"
     x = torch.randn(batch, *shape, device=model.device)
-    with torch.inference_mode():
-        for _ in range(warmup):
-            model.fn(x)
-        if cuda:
-            torch.cuda.synchronize(model.device)
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            model.fn(x)
+
+    def loop() -> dict[str, Any]:
+        with torch.inference_mode():
+            for _ in range(warmup):
+                model.fn(x)
             if cuda:
                 torch.cuda.synchronize(model.device)
-            n += batch
-        return {"rps": n / (time.perf_counter() - t0)}
+            n, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                model.fn(x)
+                if cuda:
+                    torch.cuda.synchronize(model.device)
+                n += batch
+            return {"rps": n / (time.perf_counter() - t0)}
+
+    return on_thread(loop)
 
 
 def child_offline_trace(
@@ -144,20 +176,24 @@ def child_offline_trace(
 
     model = load_model(spec, device)
     x = torch.randn(batch, *shape, device=model.device)
-    with torch.inference_mode(), open(trace, "w", buffering=1) as out:
-        for _ in range(warmup):
-            model.fn(x)
-        n, t0 = 0, time.time()
-        last = t0
-        out.write(f"{t0:.6f} 0\n")
-        while last - t0 < seconds:
-            model.fn(x)
-            n += batch
-            now = time.time()
-            if now - last >= 0.05:
-                out.write(f"{now:.6f} {n}\n")
-                last = now
-    return {"requests": n}
+
+    def loop() -> dict[str, Any]:
+        with torch.inference_mode(), open(trace, "w", buffering=1) as out:
+            for _ in range(warmup):
+                model.fn(x)
+            n, t0 = 0, time.time()
+            last = t0
+            out.write(f"{t0:.6f} 0\n")
+            while last - t0 < seconds:
+                model.fn(x)
+                n += batch
+                now = time.time()
+                if now - last >= 0.05:
+                    out.write(f"{now:.6f} {n}\n")
+                    last = now
+        return {"requests": n}
+
+    return on_thread(loop)
 
 
 def child_seed(
@@ -356,6 +392,14 @@ def side_by_side_round(case: Case, cpus: tuple[frozenset[int], frozenset[int]]) 
 # ---------------------------------------------------------------------------------- main
 
 
+def on_half(load: Load, half: int, cpus: int) -> Load:
+    """The load as --side-by-side gives it to soakd on ``half`` of ``cpus``: the same model
+    instances per CPU. ``instances = 2`` on a 2-core machine is one instance per core; on one CPU
+    of it two instances would time-share that core and the row would measure the oversubscription
+    (soakd/offline 0.79-0.92 at batch 1 against 0.98-0.99 with one instance, 2026-12-03)."""
+    return replace(load, instances=max(1, load.instances * half // cpus))
+
+
 def paired(row: dict[str, Any]) -> float:
     """Median over rounds of soakd / offline within a round: the two ran back to back, so a
     machine that drifts between rounds (a neighbour's load) moves both sides of each ratio."""
@@ -469,7 +513,8 @@ def main() -> int:
         if halves:
             print(
                 f"side by side: offline and soakd at the same time on CPUs {sorted(halves[0])} / {sorted(halves[1])}"
-                f" (swapped every round), OMP_NUM_THREADS={len(halves[0])} each",
+                f" (swapped every round), OMP_NUM_THREADS={len(halves[0])} each; soakd's model instances scaled"
+                " to its half (the same instances per CPU as on the whole machine)",
                 flush=True,
             )
 
@@ -482,7 +527,8 @@ def main() -> int:
                 soak: list[float] = []
                 seed: list[float] = []
                 inproc: list[float] = []  # soakd's own achieved / its in-process probe of the model alone
-                case = Case(work, spec, dev, args.shape, load, args.warmup, seconds)
+                here = on_half(load, len(halves[0]), 2 * len(halves[0])) if halves else load
+                case = Case(work, spec, dev, args.shape, here, args.warmup, seconds)
                 for r in range(args.rounds):
                     if halves:  # both at once; the halves swap every round
                         pair = halves if r % 2 == 0 else (halves[1], halves[0])

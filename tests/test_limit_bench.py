@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -46,3 +47,45 @@ def test_a_pinned_soakd_run_reports_its_measured_window(tmp_path: Path) -> None:
     assert float(run.summary["throughput_rps"]) > 0
     # Pinned to one CPU, the model threads get one intra-op thread (OMP_NUM_THREADS is the share).
     assert "1 model instance, 1 intra-op thread each" in run.log
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pins to one of two CPUs")
+def test_more_cpu_instances_than_cores_are_named_in_a_warning(tmp_path: Path) -> None:
+    cpu = min(os.sched_getaffinity(0))
+    flags = [
+        "--model",
+        "builtin:noop",
+        "--input-shapes",
+        "16",
+        "--warmup",
+        "2",
+        "--concurrency",
+        "2",
+        "--duration",
+        "1s",
+    ]
+    run = limit.soakd_run(tmp_path, flags, "[batcher]\ninstances = 2\n", cpus=frozenset({cpu}))
+    assert "2 model instances, 1 intra-op thread each" in run.log
+    assert "WARNING soakd: batcher.instances = 2 on 1 CPU thread: the instances time-share" in run.log
+    calm = limit.soakd_run(tmp_path, flags, "[batcher]\ninstances = 1\n", cpus=frozenset({cpu}))
+    assert "time-share" not in calm.log
+
+
+def test_side_by_side_keeps_the_instances_per_cpu() -> None:
+    batch1 = next(x for x in limit.LOADS if x.name == "batch 1")
+    assert batch1.instances == 2  # the row: two instances on the 2-core machine
+    assert limit.on_half(batch1, 1, 2).instances == 1  # one CPU of two: one instance, not two time-sharing it
+    assert limit.on_half(batch1, 4, 8).instances == 1
+    assert limit.on_half(limit.Load("x", 1, 8, 8, 1.0), 4, 8).instances == 4
+    assert limit.on_half(batch1, 1, 2).concurrency == batch1.concurrency
+
+
+def test_the_offline_loop_runs_off_the_main_thread_and_keeps_its_errors() -> None:
+
+    assert limit.on_thread(lambda: threading.current_thread().name) == "offline"
+
+    def fails() -> int:
+        raise ValueError("model said no")
+
+    with pytest.raises(ValueError, match="model said no"):
+        limit.on_thread(fails)

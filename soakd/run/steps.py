@@ -58,6 +58,18 @@ def load_target(cfg: Config, metrics: Metrics | None = None) -> tuple[LoadedMode
         target.threads_per_worker,
         "s" if target.threads_per_worker > 1 else "",
     )
+    if model.device.type == "cpu" and target.workers > cores:
+        # Each instance still takes one thread, so they time-share the cores: at batch 1 on one CPU
+        # two instances reached 0.79-0.92 of the model's offline rate, one instance 0.98-0.99
+        # (bench/limit.py --side-by-side, docs/model-threads.md).
+        log.warning(
+            "batcher.instances = %d on %d CPU thread%s: the instances time-share the cores, and a CPU-bound "
+            "model loses throughput to the switching; instances <= %d give each a core of its own",
+            target.workers,
+            cores,
+            "s" if cores > 1 else "",
+            cores,
+        )
     target.start()
     return model, target
 
