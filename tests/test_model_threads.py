@@ -131,3 +131,66 @@ def test_full_batches_arrive_in_reused_buffers(recorded: tuple[int, Calls]) -> N
     # One staging buffer per thread, plus at most one fixed input an offline probe may use.
     # Fresh batches would show at least 5: the recorder holds the last 4.
     assert all(len(p) <= 2 for p in ptrs.values()), {t: len(p) for t, p in ptrs.items()}
+
+
+CHURNER = """
+import torch
+
+MB = 48  # above glibc's largest mmap threshold (32 MiB): a fresh block is mapped, faulted in and unmapped every call
+
+
+class Churner(torch.nn.Module):
+    def __init__(self, fresh: bool) -> None:
+        super().__init__()
+        self.fresh = fresh
+        self.kept = torch.empty(MB << 18)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        work = torch.empty(MB << 18) if self.fresh else self.kept
+        work.fill_(1.0)
+        return x.sum(dim=1) + work[:1]
+
+
+def make(fresh: bool) -> Churner:
+    return Churner(fresh)
+"""
+
+
+@pytest.mark.parametrize("fresh", [True, False], ids=["fresh 48 MB a call", "one buffer kept"])
+def test_a_model_bound_by_page_faults_is_named_in_a_warning(tmp_path: Path, fresh: bool) -> None:
+    """A CPU model whose memory comes back from the kernel on every call runs at the allocator's
+    pace: the offline probe counts the faults and says so (issue #13: the convnet at batch 1 on
+    glibc's defaults); the same model keeping its buffer is not warned about."""
+    (tmp_path / "churner.py").write_text(CHURNER)
+    cfg = tmp_path / "soak.toml"
+    cfg.write_text(
+        textwrap.dedent(f"""
+        [model]
+        spec = "python:{tmp_path / "churner.py"}:make"
+        device = "cpu"
+        warmup = 5
+        [model.options]
+        fresh = {"true" if fresh else "false"}
+        [input]
+        shapes = "4"
+        [load]
+        concurrency = 1
+        duration = "1s"
+    """)
+    )
+    summary = tmp_path / "summary.json"
+    res = subprocess.run(
+        soakd_cmd("run", "--config", str(cfg), "--metrics-addr", "127.0.0.1:0", "--summary-json", str(summary)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    off = json.loads(summary.read_text())["model_offline"]
+    if fresh:
+        assert off["page_faults_per_call"] > 0.9 * (48 << 20) / 4096  # every page of the 48 MB, every call
+        assert off["kernel_time_ratio"] > 0.2
+        assert "the model page-faults" in res.stderr and "set by the memory allocator" in res.stderr
+    else:
+        assert off["page_faults_per_call"] < 100
+        assert "page-faults" not in res.stderr

@@ -5,6 +5,7 @@ model, open the client and check its URL instead of loading anything."""
 from __future__ import annotations
 
 import logging
+import resource
 import secrets
 import threading
 import time
@@ -29,6 +30,14 @@ from soakd.workload.shapes import ShapeSource
 from soakd.workload.sources import RequestSource, build_source
 
 log = logging.getLogger("soakd")
+
+PAGE_BYTES = resource.getpagesize()
+# The offline probe warns when each call faults in at least this much fresh memory and the model
+# threads spend this share of their time in the kernel: the builtin convnet at batch 1 on glibc's
+# defaults faults ~18 MB a call and runs at 0.57x of what it does with large blocks kept (52 against
+# 91 req/s on one CPU, docs/model-threads.md); a model that reuses its memory faults ~0.
+FAULT_WARN_BYTES = 1 << 20
+KERNEL_WARN_RATIO = 0.2
 
 
 def new_run_id() -> str:
@@ -121,16 +130,37 @@ def probe_offline(
     _, tensor = source.warmup_inputs()[0]
     batch = cfg.batcher.max_batch_size
     x = tensor.unsqueeze(0).expand(batch, *tensor.shape).contiguous()
-    rps = target.measure_offline(x, seconds, max(3, cfg.model.warmup), stop)
+    probe = target.measure_offline(x, seconds, max(3, cfg.model.warmup), stop)
     if metrics is not None:
-        metrics.model_offline_rps.set(rps)
+        metrics.model_offline_rps.set(probe.rps)
     log.info(
         "model alone at batch %d: %.1f req/s (%s)",
         batch,
-        rps,
+        probe.rps,
         f"{target.workers} instances" if target.workers > 1 else "one instance",
     )
-    return {"rps": round(rps, 3), "batch_size": batch, "seconds": seconds, "instances": target.workers}
+    out: dict[str, Any] = {
+        "rps": round(probe.rps, 3),
+        "batch_size": batch,
+        "seconds": seconds,
+        "instances": target.workers,
+    }
+    if probe.page_faults_per_call is not None and probe.kernel_share is not None:
+        out["page_faults_per_call"] = round(probe.page_faults_per_call, 1)
+        out["kernel_time_ratio"] = round(probe.kernel_share, 4)
+        faulted = probe.page_faults_per_call * PAGE_BYTES
+        if faulted >= FAULT_WARN_BYTES and probe.kernel_share >= KERNEL_WARN_RATIO:
+            log.warning(
+                "the model page-faults %.0f times a call (%.1f MB a call comes back from the kernel, zeroed) and "
+                "its threads spend %.0f%% of their time in the kernel: its throughput here is set by the memory "
+                "allocator, not by the model or soakd. Soak it under the allocator settings it will have in production "
+                "(MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_, or jemalloc / tcmalloc via LD_PRELOAD); "
+                "see docs/model-threads.md",
+                probe.page_faults_per_call,
+                faulted / 1e6,
+                100 * probe.kernel_share,
+            )
+    return out
 
 
 def run_fingerprint(cfg: Config, run_id: str, model: LoadedModel) -> dict[str, Any]:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import resource
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -22,6 +24,15 @@ def thread_budget(instances: int, cores: int) -> int:
     """Intra-op threads per model instance: the cores shared out, not K instances each claiming
     all of them (K OpenMP teams of ``cores`` threads would oversubscribe the host)."""
     return max(1, cores // max(1, instances))
+
+
+@dataclass(frozen=True)
+class OfflineProbe:
+    """The model alone, as ``measure_offline`` timed it on the model threads."""
+
+    rps: float  # requests per second over all instances (0 when a call failed)
+    page_faults_per_call: float | None  # the process's minor faults per call (None: no call succeeded)
+    kernel_share: float | None  # the share of its CPU time spent in the kernel
 
 
 class LocalModelTarget:
@@ -151,28 +162,38 @@ class LocalModelTarget:
             )
         return total
 
-    def measure_offline(self, x: torch.Tensor, seconds: float, max_calls: int, stop: threading.Event) -> float:
+    def measure_offline(self, x: torch.Tensor, seconds: float, max_calls: int, stop: threading.Event) -> OfflineProbe:
         """The model alone at this batch: every worker calls it back to back on the same input for
         ``seconds`` or ``max_calls`` calls, whichever comes first (a test model that changes its
-        behaviour after N calls sees a bounded number); requests per second over all workers
-        (0 when a call failed)."""
+        behaviour after N calls sees a bounded number). The process's page faults and kernel time
+        over the probe come with it (soakd's other threads are idle then; the intra-op threads
+        count): a CPU model whose allocations come back from the kernel on every call is bound by
+        the allocator, which no harness setting changes (docs/model-threads.md)."""
         batch = x.shape[0]
 
-        def probe(worker: int) -> float:
+        def probe(worker: int) -> tuple[float, int]:
             t0 = time.perf_counter()
             calls = 0
             while not stop.is_set():
                 try:
                     self.run_batch(x)
                 except Exception:
-                    return 0.0
+                    return 0.0, 0
                 calls += 1
                 elapsed = time.perf_counter() - t0
                 if elapsed >= seconds or calls >= max_calls:
-                    return calls * batch / elapsed
-            return 0.0
+                    return calls * batch / elapsed, calls
+            return 0.0, 0
 
-        return float(sum(self._threads.call_all(probe)))
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        results = self._threads.call_all(probe)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        rps, calls = float(sum(r[0] for r in results)), sum(r[1] for r in results)
+        if calls == 0 or rps == 0:
+            return OfflineProbe(rps, None, None)
+        user, kernel = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
+        faults = after.ru_minflt - before.ru_minflt
+        return OfflineProbe(rps, faults / calls, kernel / (user + kernel) if user + kernel > 0 else 0.0)
 
 
 def _warmup_batches(inputs: Sequence[torch.Tensor], max_batch: int) -> list[torch.Tensor]:
