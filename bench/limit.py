@@ -25,6 +25,7 @@ left over from the other side, could not be told apart from soakd's own cost).
 
     PYTHONPATH=. .venv/bin/python bench/limit.py --quick       # minutes on an idle 2-core box
     PYTHONPATH=. .venv/bin/python bench/limit.py [--seconds 5] [--rounds 3] [--models convnet,torchscript]
+    PYTHONPATH=. .venv/bin/python bench/limit.py --side-by-side [--steady-malloc] --loads "batch 1" --rates ""
 """
 
 from __future__ import annotations
@@ -69,7 +70,10 @@ class Load:
 LOADS = (Load("batch 1", 1, 2, 2, 1.0), Load("batch 8", 8, 16, 1, 5.0), Load("b8 copy", 8, 16, 1, 5.0, pool=9))
 
 
-EXTRA_ENV: dict[str, str] = {}  # --threads: OMP_NUM_THREADS for every child, both sides alike
+EXTRA_ENV: dict[str, str] = {}  # --threads, --steady-malloc: for every child, both sides alike
+# glibc keeps freed blocks instead of unmapping or trimming them: a model whose activations are
+# megabytes then stops page-faulting every call (docs/model-threads.md, "The allocator").
+STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "4000000000", "MALLOC_TRIM_THRESHOLD_": "4000000000"}
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -429,6 +433,12 @@ def main() -> int:
         "comparison, e.g. on a machine shared with other load",
     )
     ap.add_argument(
+        "--steady-malloc",
+        action="store_true",
+        help="every process with glibc keeping freed blocks (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_): "
+        "takes the allocator's page faults, which differ from process to process, out of the comparison",
+    )
+    ap.add_argument(
         "--side-by-side",
         action="store_true",
         help="CPU: run each round's offline loop and soakd at the same time, each pinned to half of "
@@ -479,6 +489,8 @@ def main() -> int:
         ap.error("--threads and --side-by-side: the side-by-side rounds set each side's threads to its half")
     if args.threads is not None:
         EXTRA_ENV["OMP_NUM_THREADS"] = str(args.threads)
+    if args.steady_malloc:
+        EXTRA_ENV.update(STEADY_MALLOC)
     noop_s = args.noop_seconds or (2.0 if args.quick else 5.0)
     kinds = [k for k in args.models.split(",") if k]
     bad = [k for k in kinds if k not in KINDS]
@@ -516,6 +528,10 @@ def main() -> int:
                 f" (swapped every round), OMP_NUM_THREADS={len(halves[0])} each; soakd's model instances scaled"
                 " to its half (the same instances per CPU as on the whole machine)",
                 flush=True,
+            )
+        if args.steady_malloc:
+            print(
+                f"steady malloc: {' '.join(f'{k}={v}' for k, v in STEADY_MALLOC.items())} in every process", flush=True
             )
 
         # 1. soakd against each model's offline loop.
