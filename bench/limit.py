@@ -72,8 +72,13 @@ LOADS = (Load("batch 1", 1, 2, 2, 1.0), Load("batch 8", 8, 16, 1, 5.0), Load("b8
 
 EXTRA_ENV: dict[str, str] = {}  # --threads, --steady-malloc: for every child, both sides alike
 # glibc keeps freed blocks instead of unmapping or trimming them: a model whose activations are
-# megabytes then stops page-faulting every call (docs/model-threads.md, "The allocator").
-STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "4000000000", "MALLOC_TRIM_THRESHOLD_": "4000000000"}
+# megabytes then stops page-faulting every call (docs/model-threads.md, section 3). One arena,
+# because a thread's own arena grows in heaps of at most 64 MB and maps anything larger afresh.
+STEADY_MALLOC = {
+    "MALLOC_ARENA_MAX": "1",
+    "MALLOC_MMAP_THRESHOLD_": "4000000000",
+    "MALLOC_TRIM_THRESHOLD_": "4000000000",
+}
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -435,8 +440,8 @@ def main() -> int:
     ap.add_argument(
         "--steady-malloc",
         action="store_true",
-        help="every process with glibc keeping freed blocks (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_): "
-        "takes the allocator's page faults, which differ from process to process, out of the comparison",
+        help="every process with glibc keeping freed blocks (STEADY_MALLOC: one arena, no mmap, no trim): takes "
+        "the allocator's page faults, which differ from process to process, out of the comparison",
     )
     ap.add_argument(
         "--side-by-side",

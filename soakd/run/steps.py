@@ -32,10 +32,10 @@ from soakd.workload.sources import RequestSource, build_source
 log = logging.getLogger("soakd")
 
 PAGE_BYTES = resource.getpagesize()
-# The offline probe warns when each call faults in at least this much fresh memory and the model
-# threads spend this share of their time in the kernel: the builtin convnet at batch 1 on glibc's
-# defaults faults ~18 MB a call and runs at 0.57x of what it does with large blocks kept (52 against
-# 91 req/s on one CPU, docs/model-threads.md); a model that reuses its memory faults ~0.
+# The offline probe warns when each call faults in at least this much fresh memory and the process
+# spends this share of its CPU time in the kernel: the builtin convnet at batch 8 on glibc's
+# defaults faults 308 MB a call (59% kernel time) and runs at 60 req/s against 160 with large blocks
+# kept (docs/model-threads.md, section 3); a model that reuses its memory faults ~0.
 FAULT_WARN_BYTES = 1 << 20
 KERNEL_WARN_RATIO = 0.2
 
@@ -153,9 +153,10 @@ def probe_offline(
             log.warning(
                 "the model page-faults %.0f times a call (%.1f MB a call comes back from the kernel, zeroed) and "
                 "its threads spend %.0f%% of their time in the kernel: its throughput here is set by the memory "
-                "allocator, not by the model or soakd. Soak it under the allocator settings it will have in production "
-                "(MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_, or jemalloc / tcmalloc via LD_PRELOAD); "
-                "see docs/model-threads.md",
+                "allocator, not by the model or soakd. Soak it under the allocator settings production will use; "
+                "one that keeps large blocks removes the faults (glibc: MALLOC_ARENA_MAX=1 "
+                "MALLOC_MMAP_THRESHOLD_=4000000000 MALLOC_TRIM_THRESHOLD_=4000000000; jemalloc via LD_PRELOAD: "
+                "MALLOC_CONF=oversize_threshold:0,dirty_decay_ms:-1); see docs/model-threads.md",
                 probe.page_faults_per_call,
                 faulted / 1e6,
                 100 * probe.kernel_share,
