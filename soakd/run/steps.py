@@ -152,7 +152,7 @@ def probe_offline(
         if faulted >= FAULT_WARN_BYTES and probe.kernel_share >= KERNEL_WARN_RATIO:
             log.warning(
                 "the model page-faults %.0f times a call (%.1f MB a call comes back from the kernel, zeroed) and "
-                "its threads spend %.0f%% of their time in the kernel: its throughput here is set by the memory "
+                "the process spends %.0f%% of its CPU time in the kernel: its throughput here is set by the memory "
                 "allocator, not by the model or soakd. Soak it under the allocator settings production will use; "
                 "one that keeps large blocks removes the faults (glibc: MALLOC_ARENA_MAX=1 "
                 "MALLOC_MMAP_THRESHOLD_=4000000000 MALLOC_TRIM_THRESHOLD_=4000000000; jemalloc via LD_PRELOAD: "
