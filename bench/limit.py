@@ -48,6 +48,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from soakd.allocator import GLIBC_KEEP_BLOCKS  # torch-free: the parent starts no torch
+
 REPO = Path(__file__).resolve().parent.parent
 KINDS = ("convnet", "python", "torchscript", "export")
 SEED_THREADS = 2
@@ -71,14 +73,6 @@ LOADS = (Load("batch 1", 1, 2, 2, 1.0), Load("batch 8", 8, 16, 1, 5.0), Load("b8
 
 
 EXTRA_ENV: dict[str, str] = {}  # --threads, --steady-malloc: for every child, both sides alike
-# glibc keeps freed blocks instead of unmapping or trimming them: a model whose activations are
-# megabytes then stops page-faulting every call (docs/model-threads.md, section 3). One arena,
-# because a thread's own arena grows in heaps of at most 64 MB and maps anything larger afresh.
-STEADY_MALLOC = {
-    "MALLOC_ARENA_MAX": "1",
-    "MALLOC_MMAP_THRESHOLD_": "4000000000",
-    "MALLOC_TRIM_THRESHOLD_": "4000000000",
-}
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -440,7 +434,7 @@ def main() -> int:
     ap.add_argument(
         "--steady-malloc",
         action="store_true",
-        help="every process with glibc keeping freed blocks (STEADY_MALLOC: one arena, no mmap, no trim): takes "
+        help="every process with glibc keeping freed blocks (soakd.allocator.GLIBC_KEEP_BLOCKS): takes "
         "the allocator's page faults, which differ from process to process, out of the comparison",
     )
     ap.add_argument(
@@ -495,7 +489,7 @@ def main() -> int:
     if args.threads is not None:
         EXTRA_ENV["OMP_NUM_THREADS"] = str(args.threads)
     if args.steady_malloc:
-        EXTRA_ENV.update(STEADY_MALLOC)
+        EXTRA_ENV.update(GLIBC_KEEP_BLOCKS)
     noop_s = args.noop_seconds or (2.0 if args.quick else 5.0)
     kinds = [k for k in args.models.split(",") if k]
     bad = [k for k in kinds if k not in KINDS]
@@ -536,7 +530,8 @@ def main() -> int:
             )
         if args.steady_malloc:
             print(
-                f"steady malloc: {' '.join(f'{k}={v}' for k, v in STEADY_MALLOC.items())} in every process", flush=True
+                f"steady malloc: {' '.join(f'{k}={v}' for k, v in GLIBC_KEEP_BLOCKS.items())} in every process",
+                flush=True,
             )
 
         # 1. soakd against each model's offline loop.

@@ -5,7 +5,6 @@ model, open the client and check its URL instead of loading anything."""
 from __future__ import annotations
 
 import logging
-import resource
 import secrets
 import threading
 import time
@@ -14,6 +13,7 @@ from typing import Any
 
 import torch
 
+from soakd.allocator import fault_warning
 from soakd.config import Config
 from soakd.fingerprint import fingerprint
 from soakd.models.loader import LoadedModel, load_model
@@ -30,14 +30,6 @@ from soakd.workload.shapes import ShapeSource
 from soakd.workload.sources import RequestSource, build_source
 
 log = logging.getLogger("soakd")
-
-PAGE_BYTES = resource.getpagesize()
-# The offline probe warns when each call faults in at least this much fresh memory and the process
-# spends this share of its CPU time in the kernel: the builtin convnet at batch 8 on glibc's
-# defaults faults 308 MB a call (59% kernel time) and runs at 60 req/s against 160 with large blocks
-# kept (docs/model-threads.md, section 3); a model that reuses its memory faults ~0.
-FAULT_WARN_BYTES = 1 << 20
-KERNEL_WARN_RATIO = 0.2
 
 
 def new_run_id() -> str:
@@ -148,19 +140,9 @@ def probe_offline(
     if probe.page_faults_per_call is not None and probe.kernel_share is not None:
         out["page_faults_per_call"] = round(probe.page_faults_per_call, 1)
         out["kernel_time_ratio"] = round(probe.kernel_share, 4)
-        faulted = probe.page_faults_per_call * PAGE_BYTES
-        if faulted >= FAULT_WARN_BYTES and probe.kernel_share >= KERNEL_WARN_RATIO:
-            log.warning(
-                "the model page-faults %.0f times a call (%.1f MB a call comes back from the kernel, zeroed) and "
-                "the process spends %.0f%% of its CPU time in the kernel: its throughput here is set by the memory "
-                "allocator, not by the model or soakd. Soak it under the allocator settings production will use; "
-                "one that keeps large blocks removes the faults (glibc: MALLOC_ARENA_MAX=1 "
-                "MALLOC_MMAP_THRESHOLD_=4000000000 MALLOC_TRIM_THRESHOLD_=4000000000; jemalloc via LD_PRELOAD: "
-                "MALLOC_CONF=oversize_threshold:0,dirty_decay_ms:-1); see docs/model-threads.md",
-                probe.page_faults_per_call,
-                faulted / 1e6,
-                100 * probe.kernel_share,
-            )
+        warning = fault_warning(probe.page_faults_per_call, probe.kernel_share)
+        if warning is not None:
+            log.warning("%s", warning)
     return out
 
 
