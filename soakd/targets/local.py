@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 
@@ -18,6 +18,7 @@ from soakd.targets.staging import StagingBuffers
 from soakd.targets.workers import WorkerThreads
 
 log = logging.getLogger("soakd.target")
+T = TypeVar("T")
 
 
 def thread_budget(instances: int, cores: int) -> int:
@@ -75,7 +76,7 @@ class LocalModelTarget:
         self._threads.start()
 
     def serve(self, loop: Callable[[int], None]) -> None:
-        self._threads.serve(loop)
+        self._threads.serve(_in_inference_mode(loop))
 
     def dead(self) -> BaseException | None:
         return self._threads.died
@@ -96,8 +97,11 @@ class LocalModelTarget:
 
     def run_batch(self, batch: torch.Tensor) -> Any:
         x = batch.to(self.device, non_blocking=True)
-        with torch.inference_mode():
+        if torch.is_inference_mode_enabled():  # on the worker threads: entered once per job
             out = self.fn(x)
+        else:
+            with torch.inference_mode():
+                out = self.fn(x)
         if self._cuda:
             torch.cuda.synchronize(self.device)
         return out
@@ -142,7 +146,7 @@ class LocalModelTarget:
                 )
             return res
 
-        results = self._threads.call_all(one)
+        results = self._threads.call_all(_in_inference_mode(one))
         total = WarmupResult(
             first_seconds=results[0].first_seconds,
             total_seconds=time.perf_counter() - t0,
@@ -186,7 +190,7 @@ class LocalModelTarget:
             return 0.0, 0
 
         before = resource.getrusage(resource.RUSAGE_SELF)
-        results = self._threads.call_all(probe)
+        results = self._threads.call_all(_in_inference_mode(probe))
         after = resource.getrusage(resource.RUSAGE_SELF)
         rps, calls = float(sum(r[0] for r in results)), sum(r[1] for r in results)
         if calls == 0 or rps == 0:
@@ -194,6 +198,20 @@ class LocalModelTarget:
         user, kernel = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
         faults = after.ru_minflt - before.ru_minflt
         return OfflineProbe(rps, faults / calls, kernel / (user + kernel) if user + kernel > 0 else 0.0)
+
+
+def _in_inference_mode(job: Callable[[int], T]) -> Callable[[int], T]:
+    """``job`` run inside ``torch.inference_mode()`` on its worker thread, entered once for the
+    whole job rather than around each call: after a call of a few milliseconds the context
+    manager's Python runs on cold caches, and entering it per call took 1.4% of an eager model's
+    time at batch 1 (py-spy, docs/model-threads.md), where a model's own offline loop enters it
+    once. Batch buffers are made outside it (targets/staging.py)."""
+
+    def run(worker: int) -> T:
+        with torch.inference_mode():
+            return job(worker)
+
+    return run
 
 
 def _warmup_batches(inputs: Sequence[torch.Tensor], max_batch: int) -> list[torch.Tensor]:
