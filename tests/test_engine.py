@@ -11,6 +11,7 @@ import torch
 from soakd.config import load_config
 from soakd.load.engine import Engine
 from soakd.models.loader import load_model
+from soakd.request import Request
 from soakd.targets.local import LocalModelTarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.workload.shapes import ShapeSource
@@ -137,3 +138,26 @@ def test_model_errors_are_counted_and_the_soak_goes_on() -> None:
     stats = engine.stats()
     assert stats.completed["error"] > 10
     assert stats.completed["ok"] == pytest.approx(2 * stats.completed["error"], rel=0.1)
+
+
+def test_scrape_shows_batch_sizes_and_queue_depth() -> None:
+    """/metrics' soakd_batch_size buckets and count describe the batches the summary reports, and
+    soakd_queue_depth is read at scrape time: requests waiting in the batcher, 0 once drained."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    engine = run_engine(1.0, load__concurrency=12, batcher__max_batch_size=8, batcher__max_queue_delay_ms=2)
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(engine.metrics.registry).decode())}
+    samples = {(s.name, s.labels.get("le", "")): s.value for s in families["soakd_batch_size"].samples}
+    summary = engine.batch_size_summary()
+    assert samples[("soakd_batch_size_count", "")] == summary["batches"] > 100
+    assert samples[("soakd_batch_size_bucket", "+Inf")] == summary["batches"]
+    # Every batch holds 1 to 8 requests; with 12 in flight, not all of them hold one.
+    assert samples[("soakd_batch_size_bucket", "8.0")] == summary["batches"]
+    assert samples[("soakd_batch_size_bucket", "1.0")] < summary["batches"]
+    assert samples[("soakd_batch_size_sum", "")] == engine.stats().completed["ok"]
+    assert [s.value for s in families["soakd_queue_depth"].samples] == [0.0]
+    now = time.perf_counter()
+    engine.batcher.put(Request(now, now, "16", torch.zeros(16)))  # the engine has stopped: it stays queued
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(engine.metrics.registry).decode())}
+    assert [s.value for s in families["soakd_queue_depth"].samples] == [1.0]

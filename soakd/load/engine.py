@@ -74,12 +74,12 @@ class Engine:
         self._sent = 0  # written by the sending thread only (closed loop: under _complete_lock)
         self._done = 0  # written under _complete_lock (workers, or the postprocess thread)
         self._complete_lock = threading.Lock()
-        self._batch_counts = np.zeros(cfg.batcher.max_batch_size + 1, dtype=np.int64)
         self._hist = {s: metrics.request_duration.labels(s) for s in ("e2e", "queue", "inference")}
         self._lag = metrics.schedule_lag.labels("")
-        # Read at scrape time: set on completions only, the gauge stood still while a stopped
-        # server let requests pile up, the moment it is for. No cost per request either.
+        # Read at scrape time: set on completions only, these gauges stood still while a stopped
+        # server let requests pile up, the moment they are for. No cost per request either.
         metrics.inflight.set_function(lambda: self.inflight)
+        metrics.queue_depth.set_function(lambda: len(self.batcher))
         self._outcome = {o: metrics.requests.labels(o) for o in OUTCOMES}
         self._counts = dict.fromkeys(OUTCOMES, 0)
         self._counts_lock = threading.Lock()
@@ -284,21 +284,17 @@ class Engine:
             t_last = t_end if t_done is None else t_done
             self._hist["e2e"].observe_many([t_last - r.intended for r in batch])
             self._hist["inference"].observe_n(t_end - t_dispatch, n)
-        batched = self.target.batches
-        if batched and outcome != "bad_input":  # rejected samples never formed a model batch
-            self.metrics.batch_size.observe(n)
         if self.batch_hook is not None:
             self.batch_hook(n, t_dispatch, t_end, outcome)
         self._count(outcome, n)
         self.last_completion = t_end if t_done is None else t_done
         self.last_progress = time.monotonic()
         with self._complete_lock:  # several workers may complete at once
-            if batched and outcome != "bad_input":
-                self._batch_counts[n] += 1
+            if self.target.batches and outcome != "bad_input":  # rejected samples formed no model batch
+                self.metrics.batch_size.count(n)
             if not self.stop_event.is_set():
                 self.executor.replace(self, n)  # closed loop: what finished, plus or minus a new target
             self._done += n
-        self.metrics.queue_depth.set(len(self.batcher))
 
     def _count(self, outcome: str, n: int) -> None:
         self._outcome[outcome].inc(n)
@@ -329,10 +325,13 @@ class Engine:
         )
 
     def batch_size_summary(self) -> dict[str, float]:
-        counts = self._batch_counts.copy()
-        total = int(counts.sum())
+        by_size = self.metrics.batch_size.by_size()
+        total = sum(by_size.values())
         if total == 0:
             return {"batches": 0, "mean": 0.0, "p50": 0.0, "p99": 0.0, "max": 0.0}
+        counts = np.zeros(max(by_size) + 1, dtype=np.int64)
+        for size, n in by_size.items():
+            counts[size] = n
         sizes = np.arange(len(counts))
         cum = np.cumsum(counts)
         return {

@@ -57,6 +57,42 @@ class LogHistogramCollector(Collector):
         return [HistogramMetricFamily(self.name, self.documentation, labels=[self.label] if self.label else [])]
 
 
+class BatchSizeCollector(Collector):
+    """``soakd_batch_size`` as a Prometheus histogram, kept as batches per exact size.
+
+    One place for the batch sizes: the summary's percentiles and the exported buckets read the
+    same counts. Recording is one dict update (a prometheus_client Histogram walks its bucket
+    bounds under a lock on every batch, work a batch-1 soak pays per request); ``count`` is
+    called under the engine's completion lock, so the update needs no lock of its own."""
+
+    def __init__(self, name: str, documentation: str, buckets: Sequence[int]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.buckets = tuple(buckets)
+        self._by_size: dict[int, int] = {}
+
+    def count(self, size: int) -> None:
+        by_size = self._by_size
+        by_size[size] = by_size.get(size, 0) + 1
+
+    def by_size(self) -> dict[int, int]:
+        """Batches per exact size, a copy."""
+        return dict(self._by_size)  # one C-level copy: consistent under the GIL
+
+    def collect(self) -> Iterator[Metric]:
+        by_size = self.by_size()
+        family = HistogramMetricFamily(self.name, self.documentation)
+        buckets: list[tuple[str, float]] = [
+            (str(float(le)), float(sum(n for size, n in by_size.items() if size <= le))) for le in self.buckets
+        ]
+        buckets.append(("+Inf", float(sum(by_size.values()))))
+        family.add_metric([], buckets, float(sum(size * n for size, n in by_size.items())))
+        yield family
+
+    def describe(self) -> Iterable[Metric]:
+        return [HistogramMetricFamily(self.name, self.documentation)]
+
+
 class MirrorCounter(Collector):
     """A counter whose value is copied from a monotonic source counter (torch, NVML, gc).
 
@@ -111,7 +147,8 @@ class Metrics:
         self.requests = Counter(p + "requests", "Requests by outcome", ["outcome"], registry=r)
         for outcome in OUTCOMES:
             self.requests.labels(outcome)
-        self.batch_size = Histogram(p + "batch_size", "Requests per model batch", buckets=BATCH_BUCKETS, registry=r)
+        self.batch_size = BatchSizeCollector(p + "batch_size", "Requests per model batch", BATCH_BUCKETS)
+        r.register(self.batch_size)
         self.queue_depth = Gauge(p + "queue_depth", "Requests waiting in the batcher", registry=r)
         self.inflight = Gauge(p + "inflight_requests", "Requests sent and not yet completed", registry=r)
         self.distinct_shapes = Gauge(p + "input_shapes_seen", "Distinct input shapes seen so far", registry=r)
