@@ -133,9 +133,9 @@ class Engine:
             )
 
     def _see_shape(self, x: torch.Tensor) -> None:
-        shape = tuple(x.shape[1:])
+        shape = x.shape[1:]  # a torch.Size: a tuple, hashed and compared as one
         if shape not in self._shapes_seen:  # new shapes drive allocator growth: count them
-            self._shapes_seen.add(shape)
+            self._shapes_seen.add(tuple(shape))
             self.metrics.distinct_shapes.set(len(self._shapes_seen))
 
     @property

@@ -95,8 +95,10 @@ class LocalModelTarget:
         staging = self._staging[worker]
         return staging.collate(tensors) if pad else staging.stack(tensors)
 
-    def run_batch(self, batch: torch.Tensor) -> Any:
-        x = batch.to(self.device, non_blocking=True)
+    def run_batch(self, x: torch.Tensor) -> Any:
+        """One call of the model on ``x``, already on its device: assemble's batches are, and
+        warm-up and the probe move theirs once (a per-call ``.to`` is a dispatch of a few us, and
+        the model's own offline loop keeps its input on the device too)."""
         if torch.is_inference_mode_enabled():  # on the worker threads: entered once per job
             out = self.fn(x)
         else:
@@ -112,7 +114,7 @@ class LocalModelTarget:
         A model that fails every call is a setup error (ModelLoadError: exit 2, with its own
         message and the shape it was given); one that fails now and then is warmed up anyway and
         its failures are counted."""
-        batches = _warmup_batches(inputs, max_batch)
+        batches = [b.to(self.device) for b in _warmup_batches(inputs, max_batch)]
         t0 = time.perf_counter()
 
         def one(worker: int) -> WarmupResult:
@@ -174,6 +176,7 @@ class LocalModelTarget:
         count): a CPU model whose allocations come back from the kernel on every call is bound by
         the allocator, which no harness setting changes (docs/model-threads.md)."""
         batch = x.shape[0]
+        x = x.to(self.device)
 
         def probe(worker: int) -> tuple[float, int]:
             t0 = time.perf_counter()
