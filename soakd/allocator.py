@@ -11,6 +11,7 @@ the blocks. Torch-free, so bench/limit.py's parent can import it.
 from __future__ import annotations
 
 import resource
+from dataclasses import dataclass
 
 # glibc: one arena (the main one grows by sbrk, without the 64 MB heap limit), nothing mapped
 # per block, nothing trimmed. The builtin convnet at batch 8: 75,267 faults a call -> 0, 60 -> 160 req/s.
@@ -27,6 +28,27 @@ PAGE_BYTES = resource.getpagesize()
 # share of its CPU time in the kernel; a model that reuses its memory faults ~0.
 FAULT_WARN_BYTES = 1 << 20
 KERNEL_WARN_RATIO = 0.2
+
+
+@dataclass(frozen=True)
+class CpuFaults:
+    """The process's minor page faults and CPU time at one moment: two of them, and the model
+    calls made between, give faults per call and the kernel's share (the offline probe, the soak)."""
+
+    faults: int
+    user_s: float
+    kernel_s: float
+
+    @classmethod
+    def now(cls) -> CpuFaults:
+        r = resource.getrusage(resource.RUSAGE_SELF)  # the whole process: intra-op threads count
+        return cls(r.ru_minflt, r.ru_utime, r.ru_stime)
+
+    def per_call(self, later: CpuFaults, calls: int) -> tuple[float, float]:
+        """(faults per call, kernel share of the CPU time) from this moment to ``later``."""
+        user, kernel = later.user_s - self.user_s, later.kernel_s - self.kernel_s
+        share = kernel / (user + kernel) if user + kernel > 0 else 0.0
+        return (later.faults - self.faults) / max(1, calls), share
 
 
 def fault_warning(faults_per_call: float, kernel_share: float) -> str | None:

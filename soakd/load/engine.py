@@ -45,6 +45,7 @@ class EngineStats:
     queued: int
     model_seconds: float = 0.0  # inside the target's run_batch, summed over workers
     overhead_seconds: float = 0.0  # the workers' own per-batch work around it (collate, completion)
+    batches: int = 0  # model batches formed (soakd_batch_size_count)
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -322,6 +323,7 @@ class Engine:
             queued=len(self.batcher),
             model_seconds=sum(self._model_s),
             overhead_seconds=sum(self._overhead_s),
+            batches=self.metrics.batch_size.total(),
         )
 
     def batch_size_summary(self) -> dict[str, float]:

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 import torch
 
 import soakd
+from soakd.allocator import CpuFaults, fault_warning
 from soakd.analysis.monitor import LeakMonitor, monitor_for_run
 from soakd.config import Config
 from soakd.endpoints import EndpointServer
@@ -85,6 +86,9 @@ class RunSession:
         self.offline_rps: float | None = None
         self.target_summary: Callable[[], dict[str, Any]] | None = None  # a network target's /status block
         self._overhead_warned = False
+        self._faults_warned = False
+        self._probe_faults: float | None = None
+        self._faults_at: tuple[EngineStats, CpuFaults] | None = None  # the last fault check's moment
         self._overload_ticks = 0
         self._overloaded = False
         self._last_queued = 0
@@ -210,6 +214,9 @@ class RunSession:
         if self.stop.event.is_set():
             return self._stopped_early(life, "the offline probe")
         self.offline_rps = offline["rps"] if offline and offline["rps"] > 0 else None
+        self._probe_faults = offline.get("page_faults_per_call") if offline else None
+        if self._probe_faults is not None and offline is not None:  # the probe said it already
+            self._faults_warned = fault_warning(self._probe_faults, offline["kernel_time_ratio"]) is not None
         run_fp = steps.run_fingerprint(cfg, life.run_id, model)
         steps.export_run_info(m, life.run_id, cfg, model, run_fp)
         return self._soak(
@@ -249,6 +256,8 @@ class RunSession:
         phases.initial_load()  # the load the phases start from
         engine.start()
         self.health.engine = engine
+        soak_start = (engine.stats(), CpuFaults.now())
+        self._faults_at = soak_start
         windows = WindowRecorder()  # the summary's rows, for the report and compare
         windows.start(engine.stats())
         store_window = StoreWindow(
@@ -289,6 +298,9 @@ class RunSession:
             offline["achieved_ratio"] = (
                 round(stats.completed.get("ok", 0) / stats.elapsed / offline["rps"], 4) if offline["rps"] > 0 else None
             )
+            faults, kernel = self._notice_faults(soak_start, (stats, CpuFaults.now()))
+            offline["soak_page_faults_per_call"] = round(faults, 1)
+            offline["soak_kernel_time_ratio"] = round(kernel, 4)
         verdicts = self.leak.verdicts() if self.leak is not None else {}
         summary = build_summary(
             cfg,
@@ -335,6 +347,10 @@ class RunSession:
                 windows.add(stats)
                 print(status_line(stats.elapsed, win, stats, self.offline_rps), file=self.out, flush=True)
                 self._notice_harness(last, stats)
+                if self._faults_at is not None and isinstance(engine.target, LocalModelTarget):
+                    now_at = (stats, CpuFaults.now())
+                    self._notice_faults(self._faults_at, now_at)
+                    self._faults_at = now_at
                 self._notice_overload(win, stats)
                 last = stats
                 life.notifier.status(self._status_text(life.phase, win))
@@ -355,6 +371,21 @@ class RunSession:
                 "not only the model, sets the throughput (soakd_harness_overhead_ratio)",
                 100 * ratio,
             )
+
+    def _notice_faults(self, a: tuple[EngineStats, CpuFaults], b: tuple[EngineStats, CpuFaults]) -> tuple[float, float]:
+        """Page faults per model batch and the kernel's share of CPU time between two moments of
+        the soak, warned about once when the allocator sets the pace. The probe may not have seen
+        it: glibc's dynamic mmap threshold makes a model's faults depend on the order its blocks
+        were freed (docs/model-threads.md, section 3), so the same model can fault in the soak
+        and not alone."""
+        faults, kernel = a[1].per_call(b[1], b[0].batches - a[0].batches)
+        warning = fault_warning(faults, kernel) if b[0].batches > a[0].batches else None
+        if warning is not None and not self._faults_warned:
+            self._faults_warned = True
+            probe = self._probe_faults
+            alone = "" if probe is None else f" (alone, in the offline probe: {probe:.0f} faults a call)"
+            log.warning("during the soak%s, %s", alone, warning)
+        return faults, kernel
 
     def _notice_overload(self, win: Delta, stats: EngineStats) -> None:
         """Open loop: a queue that keeps growing means offered load exceeds what the model

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import resource
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -12,6 +11,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from soakd.allocator import CpuFaults
 from soakd.errors import ModelLoadError
 from soakd.targets.base import WarmupResult
 from soakd.targets.staging import StagingBuffers
@@ -192,15 +192,13 @@ class LocalModelTarget:
                     return calls * batch / elapsed, calls
             return 0.0, 0
 
-        before = resource.getrusage(resource.RUSAGE_SELF)
+        before = CpuFaults.now()
         results = self._threads.call_all(_in_inference_mode(probe))
-        after = resource.getrusage(resource.RUSAGE_SELF)
+        after = CpuFaults.now()
         rps, calls = float(sum(r[0] for r in results)), sum(r[1] for r in results)
         if calls == 0 or rps == 0:
             return OfflineProbe(rps, None, None)
-        user, kernel = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
-        faults = after.ru_minflt - before.ru_minflt
-        return OfflineProbe(rps, faults / calls, kernel / (user + kernel) if user + kernel > 0 else 0.0)
+        return OfflineProbe(rps, *before.per_call(after, calls))
 
 
 def _in_inference_mode(job: Callable[[int], T]) -> Callable[[int], T]:

@@ -75,6 +75,10 @@ class BatchSizeCollector(Collector):
         by_size = self._by_size
         by_size[size] = by_size.get(size, 0) + 1
 
+    def total(self) -> int:
+        """Batches so far, of any size."""
+        return sum(self._by_size.copy().values())
+
     def by_size(self) -> dict[int, int]:
         """Batches per exact size, a copy."""
         return dict(self._by_size)  # one C-level copy: consistent under the GIL
