@@ -10,6 +10,9 @@ temp dir). Load configurations:
   b8 copy   the same with ``[input] pool = 9``: the default pool of 8 fills a batch of 8 with the
             tensors its rows already hold, so no row is copied (soakd/targets/staging.py); with 9
             every row of every batch is copied, as with inputs read from sample files
+  b1 one input  batch 1 with ``[input] pool = 1``: the offline loop's own arrangement, one input
+            reused, so the row measures soakd's work alone; the default pool cycles 8 inputs of
+            600 KB through the cache, which a model's next call reads cold (as a server's would)
 
 The offline loop is the model alone: one thread (not the main one: see ``on_thread``), the same
 input tensor every call, warmed up on that thread. soakd's figure is ``throughput_rps`` from
@@ -69,7 +72,12 @@ class Load:
     pool: int = DEFAULT_POOL
 
 
-LOADS = (Load("batch 1", 1, 2, 2, 1.0), Load("batch 8", 8, 16, 1, 5.0), Load("b8 copy", 8, 16, 1, 5.0, pool=9))
+LOADS = (
+    Load("batch 1", 1, 2, 2, 1.0),
+    Load("batch 8", 8, 16, 1, 5.0),
+    Load("b8 copy", 8, 16, 1, 5.0, pool=9),
+    Load("b1 one input", 1, 2, 2, 1.0, pool=1),
+)
 
 
 EXTRA_ENV: dict[str, str] = {}  # --threads, --steady-malloc: for every child, both sides alike
