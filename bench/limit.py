@@ -551,6 +551,9 @@ def main() -> int:
                 soak: list[float] = []
                 seed: list[float] = []
                 inproc: list[float] = []  # soakd's own achieved / its in-process probe of the model alone
+                harness: list[float] = []  # soakd's per-batch work / the model's time, on its model threads
+                faults: list[float] = []  # page faults per batch over the soak (the allocator's share)
+                probe_faults: list[float] = []  # the same in soakd's offline probe
                 here = on_half(load, len(halves[0]), 2 * len(halves[0])) if halves else load
                 case = Case(work, spec, dev, args.shape, here, args.warmup, seconds)
                 for r in range(args.rounds):
@@ -564,7 +567,11 @@ def main() -> int:
                         run = soakd_model(case)
                     offline.append(off_rps)
                     soak.append(float(run.summary["throughput_rps"]))
-                    inproc.append(float((run.summary.get("model_offline") or {}).get("achieved_ratio") or 0.0))
+                    probe = run.summary.get("model_offline") or {}
+                    inproc.append(float(probe.get("achieved_ratio") or 0.0))
+                    harness.append(float(probe.get("harness_overhead_ratio") or 0.0))
+                    faults.append(float(probe.get("soak_page_faults_per_call") or 0.0))
+                    probe_faults.append(float(probe.get("page_faults_per_call") or 0.0))
                     if kind in seeded and load.pool == DEFAULT_POOL and not halves:  # the seed harness has no pool
                         seed.append(
                             run_child(
@@ -579,14 +586,21 @@ def main() -> int:
                             )["rps"]
                         )
                 row = {"model": kind, "spec": spec, "load": load.name, "offline": offline, "soakd": soak, "seed": seed}
-                row["in_process"] = inproc
+                row.update(
+                    in_process=inproc,
+                    harness_overhead=harness,
+                    soak_faults_per_call=faults,
+                    probe_faults_per_call=probe_faults,
+                )
                 rows.append(row)
                 record["rows"].append(row)
                 off_m, soak_m = statistics.median(offline), statistics.median(soak)
                 line = (
-                    f"  {kind:<12} {load.name:<8} offline {off_m:9.1f}  soakd {soak_m:9.1f}  "
+                    f"  {kind:<12} {load.name:<12} offline {off_m:9.1f}  soakd {soak_m:9.1f}  "
                     f"soakd/offline {soak_m / off_m:6.3f}   rounds offline [{fmt_rounds(offline)}] "
                     f"soakd [{fmt_rounds(soak)}] in-process [{', '.join(f'{v:.2f}' for v in inproc)}]"
+                    f"  soakd's work {100 * statistics.median(harness):.1f}% of the model's"
+                    f"  faults/batch {statistics.median(faults):,.0f} (probe {statistics.median(probe_faults):,.0f})"
                 )
                 if seed:
                     line += f" seed [{fmt_rounds(seed)}]"
@@ -663,7 +677,7 @@ def main() -> int:
     print(f"\nsoakd vs the model's own offline loop (medians of {args.rounds}; goal soakd/offline >= 0.95)")
     print("  (soakd/off: ratio of the medians; paired: median of each round's soakd / offline)")
     print(
-        f"  {'model':<12} {'load':<8} {'offline':>9} {'soakd':>9} {'soakd/off':>9} {'paired':>7}"
+        f"  {'model':<12} {'load':<12} {'offline':>9} {'soakd':>9} {'soakd/off':>9} {'paired':>7}"
         f" {'seed':>9} {'seed/off':>9}"
     )
     for row in rows:
@@ -673,7 +687,7 @@ def main() -> int:
             seed_m = statistics.median(row["seed"])
             seed_cols = f"{seed_m:9.1f} {seed_m / off_m:9.3f}"
         print(
-            f"  {row['model']:<12} {row['load']:<8} {off_m:9.1f} {soak_m:9.1f} {soak_m / off_m:9.3f}"
+            f"  {row['model']:<12} {row['load']:<12} {off_m:9.1f} {soak_m:9.1f} {soak_m / off_m:9.3f}"
             f" {paired(row):7.3f} {seed_cols}"
         )
     if ceiling:
