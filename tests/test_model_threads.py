@@ -20,7 +20,7 @@ from tests.conftest import soakd_cmd
 
 WARMUP = 10
 MAX_BATCH = 8
-Calls = list[tuple[int, int, int]]  # (thread ident, batch size, input data_ptr) per model call
+Calls = list[tuple[int, int, int, bool]]  # (thread ident, batch size, input data_ptr, in inference_mode) per call
 
 RECORDER = '''
 import collections
@@ -30,7 +30,7 @@ import torch
 
 
 class Recorder(torch.nn.Module):
-    """Appends "thread-ident batch-size data_ptr" per call. It holds its last few inputs, so a
+    """Appends "thread-ident batch-size data_ptr inference-mode" per call. It holds its last few inputs, so a
     freshly allocated batch cannot land at the address of the one before and pass for reuse."""
 
     def __init__(self, log: str) -> None:
@@ -40,8 +40,9 @@ class Recorder(torch.nn.Module):
         self._held = collections.deque(maxlen=4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inference = int(torch.is_inference_mode_enabled())
         with self._lock:
-            self._log.write(f"{threading.get_ident()} {x.shape[0]} {x.data_ptr()}\\n")
+            self._log.write(f"{threading.get_ident()} {x.shape[0]} {x.data_ptr()} {inference}\\n")
             self._held.append(x)
         return x.float().mean(dim=tuple(range(1, x.dim())))
 
@@ -52,7 +53,7 @@ def make(log: str) -> Recorder:
 
 
 def soak_recorded(tmp_path: Path, instances: int) -> Calls:
-    """Run soakd for a few seconds on the recorder; its calls as (thread, batch size, data_ptr)."""
+    """Run soakd for a few seconds on the recorder; its calls as (thread, batch size, data_ptr, inference mode)."""
     model = tmp_path / "recorder.py"
     model.write_text(RECORDER)
     log = tmp_path / f"calls-{instances}.log"
@@ -91,8 +92,8 @@ def soak_recorded(tmp_path: Path, instances: int) -> Calls:
         raise RuntimeError(f"soakd run did not run the recorder cleanly: {requests}\n{res.stderr[-2000:]}")
     calls = []
     for line in log.read_text().splitlines():
-        thread, size, ptr = line.split()
-        calls.append((int(thread), int(size), int(ptr)))
+        thread, size, ptr, inference = line.split()
+        calls.append((int(thread), int(size), int(ptr), inference == "1"))
     return calls
 
 
@@ -106,16 +107,24 @@ def test_the_recording_sees_warmup_and_full_batches(recorded: tuple[int, Calls])
     """The recorder saw the warm-up and many full batches after it: the checks below have data."""
     instances, calls = recorded
     assert len(calls) > WARMUP * instances + 20
-    assert sum(1 for _, size, _ in calls[WARMUP * instances :] if size == MAX_BATCH) > 20
+    assert sum(1 for _, size, _, _ in calls[WARMUP * instances :] if size == MAX_BATCH) > 20
 
 
 def test_warmup_and_inference_run_on_the_same_threads(recorded: tuple[int, Calls]) -> None:
     """Each instance has one thread for all its calls: no call, warm-up or probe, comes from elsewhere."""
     instances, calls = recorded
     per_thread: dict[int, int] = defaultdict(int)
-    for thread, _, _ in calls:
+    for thread, _, _, _ in calls:
         per_thread[thread] += 1
     assert len(per_thread) == instances, f"calls came from {len(per_thread)} threads: {dict(per_thread)}"
+
+
+def test_every_call_runs_in_inference_mode(recorded: tuple[int, Calls]) -> None:
+    """Warm-up, the offline probe and the soak all call the model inside torch.inference_mode(),
+    entered once per worker job rather than around each call (no autograd records, either way)."""
+    _, calls = recorded
+    outside = [i for i, (_, _, _, inference) in enumerate(calls) if not inference]
+    assert not outside, f"{len(outside)} of {len(calls)} calls ran outside inference_mode, first at call {outside[0]}"
 
 
 def test_full_batches_arrive_in_reused_buffers(recorded: tuple[int, Calls]) -> None:
@@ -123,7 +132,7 @@ def test_full_batches_arrive_in_reused_buffers(recorded: tuple[int, Calls]) -> N
     _, calls = recorded
     seen: dict[int, int] = defaultdict(int)
     ptrs: dict[int, set[int]] = defaultdict(set)
-    for thread, size, ptr in calls:
+    for thread, size, ptr, _ in calls:
         seen[thread] += 1
         if seen[thread] > WARMUP and size == MAX_BATCH:  # past this thread's warm-up
             ptrs[thread].add(ptr)

@@ -86,7 +86,7 @@ class RunSession:
         self.offline_rps: float | None = None
         self.target_summary: Callable[[], dict[str, Any]] | None = None  # a network target's /status block
         self._overhead_warned = False
-        self._faults_warned = False
+        self._faults_warned = False  # by the probe (steps.probe_offline) or by the soak
         self._probe_faults: float | None = None
         self._faults_at: tuple[EngineStats, CpuFaults] | None = None  # the last fault check's moment
         self._overload_ticks = 0
@@ -214,9 +214,9 @@ class RunSession:
         if self.stop.event.is_set():
             return self._stopped_early(life, "the offline probe")
         self.offline_rps = offline["rps"] if offline and offline["rps"] > 0 else None
-        self._probe_faults = offline.get("page_faults_per_call") if offline else None
-        if self._probe_faults is not None and offline is not None:  # the probe said it already
-            self._faults_warned = fault_warning(self._probe_faults, offline["kernel_time_ratio"]) is not None
+        if offline is not None and "page_faults_per_call" in offline:
+            probe_faults = self._probe_faults = offline["page_faults_per_call"]
+            self._faults_warned = fault_warning(probe_faults, offline["kernel_time_ratio"]) is not None
         run_fp = steps.run_fingerprint(cfg, life.run_id, model)
         steps.export_run_info(m, life.run_id, cfg, model, run_fp)
         return self._soak(

@@ -98,12 +98,9 @@ class LocalModelTarget:
     def run_batch(self, x: torch.Tensor) -> Any:
         """One call of the model on ``x``, already on its device: assemble's batches are, and
         warm-up and the probe move theirs once (a per-call ``.to`` is a dispatch of a few us, and
-        the model's own offline loop keeps its input on the device too)."""
-        if torch.is_inference_mode_enabled():  # on the worker threads: entered once per job
-            out = self.fn(x)
-        else:
-            with torch.inference_mode():
-                out = self.fn(x)
+        the model's own offline loop keeps its input on the device too). Called on the worker
+        threads only, inside the ``inference_mode`` their job entered (``_in_inference_mode``)."""
+        out = self.fn(x)
         if self._cuda:
             torch.cuda.synchronize(self.device)
         return out

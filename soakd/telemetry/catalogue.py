@@ -77,7 +77,7 @@ class BatchSizeCollector(Collector):
 
     def total(self) -> int:
         """Batches so far, of any size."""
-        return sum(self._by_size.copy().values())
+        return sum(self.by_size().values())
 
     def by_size(self) -> dict[int, int]:
         """Batches per exact size, a copy."""
