@@ -54,6 +54,22 @@ def test_batches_hold_one_shape_and_oldest_goes_first() -> None:
     assert {r.key for r in second} == {large} and len(second) == 2
 
 
+def test_an_emptied_group_queue_is_reused() -> None:
+    """A group that empties and comes back gets its old deque again: a new one's first block is a
+    glibc malloc on the putting thread (the model thread, in a closed loop), once per request at batch 1."""
+    b = Batcher(max_batch_size=1, max_queue_delay_s=0.0)
+    b.put(req("a"))
+    group = b._groups["a"]
+    for _ in range(3):
+        assert len(b.take(timeout=1.0)) == 1 and "a" not in b._groups
+        b.put(req("a"))
+        assert b._groups["a"] is group
+    b.put_many([req(k) for k in range(20)])  # many groups: only a few deques are kept when they empty
+    while b.take(timeout=0.01):
+        pass
+    assert len(b._spare) <= 8
+
+
 def test_arrival_wakes_a_waiting_taker() -> None:
     """A taker blocked on an empty queue gets a request put by another thread."""
     b = Batcher(max_batch_size=2, max_queue_delay_s=0.0)

@@ -1,5 +1,12 @@
 """Dynamic batcher: groups same-shape requests, up to ``max_batch_size``, and never lets the
-oldest request wait longer than ``max_queue_delay``."""
+oldest request wait longer than ``max_queue_delay``.
+
+A group's deque is kept for the next group when it empties, not dropped and made anew: a new
+deque's first block (528 bytes) is past pymalloc's limit and comes from glibc's ``malloc``, in the
+arena of the thread that puts the request (in a closed loop, the model thread that just finished
+one). One small allocation a request there moves where glibc trims the model's own heap, and a
+CPU model with large activations then faults them in on every call (docs/model-threads.md).
+"""
 
 from __future__ import annotations
 
@@ -10,12 +17,15 @@ from collections.abc import Hashable, Iterable
 
 from soakd.request import Request
 
+_SPARE_DEQUES = 8  # emptied deques kept (bounded: a shape mix's groups come and go)
+
 
 class Batcher:
     def __init__(self, max_batch_size: int, max_queue_delay_s: float) -> None:
         self.max_batch_size = max_batch_size
         self.max_delay = max_queue_delay_s
         self._groups: dict[Hashable, deque[Request]] = {}
+        self._spare: list[deque[Request]] = []  # emptied groups' deques, for the next new group
         self._size = 0
         self._closed = False
         self._cond = threading.Condition(threading.Lock())
@@ -23,11 +33,16 @@ class Batcher:
     def __len__(self) -> int:
         return self._size
 
+    def _new_group(self, key: Hashable) -> deque[Request]:
+        """A queue for ``key`` (under the lock), a spare deque when there is one."""
+        group = self._groups[key] = self._spare.pop() if self._spare else deque()
+        return group
+
     def put(self, req: Request) -> None:
         with self._cond:
             group = self._groups.get(req.key)
             if group is None:
-                group = self._groups[req.key] = deque()
+                group = self._new_group(req.key)
             group.append(req)
             self._size += 1
             # Wake the taker only when it has something new to decide: the queue was empty
@@ -40,7 +55,7 @@ class Batcher:
             for req in reqs:
                 group = self._groups.get(req.key)
                 if group is None:
-                    group = self._groups[req.key] = deque()
+                    group = self._new_group(req.key)
                 group.append(req)
                 self._size += 1
             self._cond.notify()
@@ -95,6 +110,8 @@ class Batcher:
                 n = min(len(group), self.max_batch_size)
                 batch = [group.popleft() for _ in range(n)]
                 if not group:
-                    del self._groups[key]
+                    del self._groups[key]  # iterating the groups stays O(groups with requests)
+                    if len(self._spare) < _SPARE_DEQUES:
+                        self._spare.append(group)
                 self._size -= n
                 return batch
