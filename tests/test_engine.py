@@ -48,6 +48,31 @@ def test_closed_loop_fills_batches() -> None:
     assert stats.stages["e2e"].count == stats.completed["ok"]
 
 
+def test_batch_of_one_hands_the_model_the_same_tensors_every_time() -> None:
+    """At batch 1 on the CPU the model gets one of the pool's pre-made batch-of-one views every call,
+    never a view made per request (a small malloc on the model thread per call, which with glibc moves
+    where the model's own heap is trimmed: docs/model-threads.md)."""
+    seen: list[torch.Tensor] = []
+
+    def record(x: torch.Tensor) -> torch.Tensor:
+        seen.append(x)  # kept alive: a view made per call could not reuse an id
+        return x
+
+    cfg = load_config(
+        None,
+        {"model.device": "cpu", "input.shapes": "3x8x8", "input.pool": 4, "load.concurrency": 2},
+    )
+    cfg.batcher.max_batch_size = 1
+    source = ShapeSource("3x8x8", pool=4)
+    engine = Engine(LocalModelTarget(record, torch.device("cpu")), source, cfg, Metrics())
+    engine.start()
+    time.sleep(0.3)
+    assert engine.stop(drain_timeout=10.0)
+    assert len(seen) > 50
+    assert len({id(x) for x in seen}) == 4
+    assert {x.data_ptr() for x in seen} == {t.data_ptr() for t in source.pooled()}
+
+
 def test_model_instances_share_the_load() -> None:
     """Several model instances run batches side by side: a sleeping model's throughput scales with them."""
     one = run_engine(

@@ -109,6 +109,22 @@ def test_batch_of_one_on_cpu_is_the_requests_own_tensor() -> None:
     assert len(staging) == 0
 
 
+def test_a_held_tensors_batch_of_one_is_made_once() -> None:
+    """The source's pooled tensors get their batch-of-one view made once, at hold_pool: every batch
+    of one of them is that same view (no new view, a small malloc, per call); others still get theirs."""
+    staging = StagingBuffers()
+    pool = [randn(3, 4, seed=k) for k in range(3)]
+    staging.hold_pool(pool)
+    first = [staging.stack([t]) for t in pool]
+    again = [staging.stack([t]) for t in pool * 2]
+    assert all(a is first[k % 3] for k, a in enumerate(again))
+    assert all(x.shape == (1, 3, 4) and x.data_ptr() == t.data_ptr() for x, t in zip(first, pool, strict=True))
+    other = randn(3, 4, seed=9)
+    assert staging.stack([other]) is not staging.stack([other])
+    staging.hold_pool([])  # a sweep's next step brings its own pool: the old one is let go
+    assert staging.stack([pool[0]]) is not first[0]
+
+
 def test_padded_sequences_match_pad_collate() -> None:
     """Token sequences of different lengths: right-padded with 0 to the longest, exactly as pad_collate."""
     staging = StagingBuffers()

@@ -105,9 +105,13 @@ class Engine:
         inp = self.cfg.input
         # Where new requests go: the batcher, or straight to a target whose server batches.
         self._inlet: Inlet = self.batcher if self.target.batches else _Submit(self.target)
+        if self.target.batches:
+            self.target.hold_pool(self.source.pooled())
         self.preprocess_pool: PreprocessPool | None = None
         self.postprocess: PostprocessThread | None = None
         self._shapes_seen: set[tuple[int, ...]] = set()
+        self._keys_seen: set[object] = set()  # unpadded batch keys whose shape is counted
+        self._pad = inp.pad
         if self.source.preprocess is not None:
             self._hist["preprocess"] = self.metrics.request_duration.labels("preprocess")
             self.preprocess_pool = PreprocessPool(
@@ -138,6 +142,14 @@ class Engine:
         if shape not in self._shapes_seen:  # new shapes drive allocator growth: count them
             self._shapes_seen.add(tuple(shape))
             self.metrics.distinct_shapes.set(len(self._shapes_seen))
+
+    def _see_key(self, key: object, x: torch.Tensor) -> None:
+        """A batch whose key is new (or any padded batch): count its shape. Unpadded, a key stands
+        for one row shape (the batcher groups by it), so the model loop looks at ``x.shape``,
+        which builds a torch.Size, only here. Padded batches share one key."""
+        self._see_shape(x)
+        if not self._pad:
+            self._keys_seen.add(key)
 
     @property
     def shapes_seen(self) -> int:
@@ -233,6 +245,7 @@ class Engine:
         if not target.batches:  # a request target runs no batch loop (see _request_done)
             return
         pad, post, clock = self.cfg.input.pad, self.postprocess, self.clock
+        keys_seen = self._keys_seen
         model_s, overhead_s = self._model_s, self._overhead_s
         cuda_oom_reset = self.cfg.batcher.empty_cache_on_oom and torch.cuda.is_available()
         while not self._abort.is_set():
@@ -251,7 +264,8 @@ class Engine:
             t_call = t_dispatch
             try:
                 x = target.assemble(worker, [r.tensor for r in batch], pad)
-                self._see_shape(x)
+                if pad or batch[0].key not in keys_seen:
+                    self._see_key(batch[0].key, x)
                 t_call = clock()
                 out = target.run_batch(x)
             except BaseException as exc:  # user code, SystemExit included: the soak goes on, counted

@@ -48,6 +48,10 @@ class Target(Protocol):
     def serve(self, loop: Callable[[int], None]) -> None:
         """Run ``loop(worker_index)`` on every worker thread until it returns."""
 
+    def hold_pool(self, inputs: Sequence[Any]) -> None:
+        """Inputs the request source hands out again and again: make what a batch needs of each
+        once, before ``serve``."""
+
     def assemble(self, worker: int, tensors: Sequence[Any], pad: bool) -> Any:
         """The batch worker ``worker`` hands to ``run_batch``, from the requests' inputs."""
 

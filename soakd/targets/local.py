@@ -95,6 +95,12 @@ class LocalModelTarget:
         staging = self._staging[worker]
         return staging.collate(tensors) if pad else staging.stack(tensors)
 
+    def hold_pool(self, inputs: Sequence[Any]) -> None:
+        """The request source's pooled inputs, before serving: what ``assemble`` makes of each
+        is made once (staging.py). Not while the workers assemble."""
+        for staging in self._staging:
+            staging.hold_pool(inputs)
+
     def run_batch(self, x: torch.Tensor) -> Any:
         """One call of the model on ``x``, already on its device: assemble's batches are, and
         warm-up and the probe move theirs once (a per-call ``.to`` is a dispatch of a few us, and

@@ -25,6 +25,13 @@ full batches copy nothing, as a model's offline loop reusing one input copies no
 from sample files are new tensors each time and are copied every batch. A model that writes into
 its input bumps the buffer's version, so the next batch is copied whole.
 
+A batch of one on the CPU is a view of the request's own tensor, never a copy. Each new view is
+a small ``malloc`` (about 0.5 KB) on the model thread, and with glibc one small allocation per call
+there moves where the model's own heap is trimmed: a CPU model with large activations then faults
+them in again on every call (the builtin convnet at batch 1 in its own offline loop: from ~185 to
+~80 req/s, docs/model-threads.md). So the views of the request source's pooled tensors are made
+once, at start (``hold_pool``); other tensors still get a view per batch.
+
 Bounded: at most ``capacity`` buffers (least recently used evicted), so a long run with many
 shapes cannot grow it; ``evictions`` counts the churn when a shape mix outgrows the cap. The rows'
 record holds weak references: it keeps no request's tensor alive.
@@ -70,6 +77,7 @@ class StagingBuffers:
         self._buffers: OrderedDict[Key, torch.Tensor] = OrderedDict()
         self._copied: dict[Key, Any] = {}  # CUDA: event after the last copy out of each buffer
         self._held: dict[Key, _Held] = {}
+        self._ones: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (held tensor, its batch of one)
         self.rows_copied = 0  # rows filled by a copy; the rest were already in place
         self._owner: int | None = None
         self.evictions = 0
@@ -77,12 +85,24 @@ class StagingBuffers:
     def __len__(self) -> int:
         return len(self._buffers)
 
+    def hold_pool(self, tensors: Sequence[Any]) -> None:
+        """``tensors`` come back again and again (the request source's pool): on the CPU a batch
+        of one of each is made now, once, instead of a new view per batch. Replaces
+        what was held before (a sweep's next step brings its own pool)."""
+        self._ones = {}
+        if not self._cuda:
+            for t in tensors:
+                if isinstance(t, torch.Tensor):
+                    self._ones[id(t)] = (t, t.unsqueeze(0))
+
     def stack(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         """``torch.stack(tensors)`` on the device, assembled in a reused buffer. A batch of one
-        on the CPU is a view of the request's own tensor, as before: nothing to copy."""
+        on the CPU is a view of the request's own tensor: nothing to copy, and for a held tensor
+        not even a new view (see the module docstring)."""
         first = tensors[0]
         if len(tensors) == 1 and not self._cuda:
-            return first.unsqueeze(0)
+            held = self._ones.get(id(first))
+            return held[1] if held is not None and held[0] is first else first.unsqueeze(0)
         if first.device.type != "cpu":  # already on the device: its caching allocator recycles blocks
             return torch.stack(list(tensors)).to(self.device)
         key = (len(tensors), tuple(first.shape), first.dtype)

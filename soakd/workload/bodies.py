@@ -55,6 +55,9 @@ class BodySource:
     def next(self) -> tuple[Any, Any]:
         return None, self._next()
 
+    def pooled(self) -> list[Any]:
+        return list(self.bodies)
+
     def warmup_inputs(self) -> list[tuple[Any, Any]]:
         """Every body, for a network target's warm-up requests."""
         return [(None, b) for b in self.bodies]

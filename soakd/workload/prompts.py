@@ -241,6 +241,9 @@ class PromptSource:
             self._lengths = draw_lengths(self.spec, self._rng, DRAWS).tolist()
         return None, self._synthetic(int(self._lengths.pop()))
 
+    def pooled(self) -> list[Any]:
+        return []  # synthetic prompts are made per request
+
     def warmup_inputs(self) -> list[tuple[Any, Any]]:
         """The few prompts a network target's warm-up requests cycle through."""
         return [(None, p) for p in self.bodies]

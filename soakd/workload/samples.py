@@ -201,6 +201,9 @@ class SampleSource:
     def next(self) -> tuple[Any, str | TextLine]:
         return None, next(self._items)
 
+    def pooled(self) -> list[Any]:
+        return []  # each request: a sample decoded anew
+
     def warmup_inputs(self) -> list[tuple[Any, torch.Tensor]]:
         """The first few samples that decode (their real shapes), else a zero image."""
         out: list[tuple[Any, torch.Tensor]] = []

@@ -61,6 +61,9 @@ class SeqLenSource:
         n = self._lengths.pop()
         return (PAD_KEY if self.pad else (n,)), self._tokens[:n]
 
+    def pooled(self) -> list[object]:
+        return []  # each request: a slice of one token tensor, made per draw
+
     def warmup_inputs(self) -> list[tuple[object, torch.Tensor]]:
         lengths = sorted({self.spec.low, (self.spec.low + self.spec.high) // 2, self.spec.high})
         return [((n,), self._tokens[:n]) for n in lengths]

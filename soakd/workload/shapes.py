@@ -61,5 +61,8 @@ class ShapeSource:
         pool = self._pools[k]
         return self.shapes[k], pool[self._turn % len(pool)]
 
+    def pooled(self) -> list[Any]:
+        return [item for pool in self._pools for item in pool]
+
     def warmup_inputs(self) -> list[tuple[Shape, Any]]:
         return [(s, p[0]) for s, p in zip(self.shapes, self._pools, strict=True)]

@@ -29,6 +29,10 @@ class RequestSource(Protocol):
 
     def next(self) -> tuple[Any, Any]: ...
 
+    def pooled(self) -> list[Any]:
+        """The inputs ``next()`` hands out over and over (a pool made once), so that a target can
+        make what it needs of each once; [] when each request's input is made anew."""
+
     def warmup_inputs(self) -> list[tuple[Any, torch.Tensor]]: ...
 
 
