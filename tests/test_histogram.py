@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
-from soakd.telemetry.histogram import LATENCY_BUCKETS, HistSnapshot, LogHistogram
+from soakd.telemetry.histogram import LATENCY_BUCKETS, PENDING, HistSnapshot, LogHistogram
 
 
 @pytest.mark.parametrize("batch", [1, 7, 500])
@@ -63,3 +65,38 @@ def test_prometheus_buckets_are_cumulative_and_exact() -> None:
 def test_empty_histogram_reports_nan() -> None:
     """An empty histogram has no percentiles rather than a made-up zero."""
     assert np.isnan(LogHistogram().snapshot().percentile(0.99))
+
+
+def test_values_held_for_bucketing_are_counted_once_under_concurrent_snapshots() -> None:
+    """Single values are held and bucketed in groups; writers on several threads and a reader taking
+    snapshots meanwhile lose none and count none twice, and what is held stays bounded."""
+    h = LogHistogram()
+    per_thread, writers = 10_000, 3
+    done = threading.Event()
+    seen: list[int] = []
+
+    def write(k: int) -> None:
+        for i in range(per_thread):
+            h.observe(0.001 * (1 + (i + k) % 7))
+
+    def read() -> None:
+        while not done.is_set():
+            seen.append(h.snapshot().count)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    threads = [threading.Thread(target=write, args=(k,)) for k in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    reader.join()
+    snap = h.snapshot()
+    assert snap.count == writers * per_thread
+    assert seen == sorted(seen) and seen[-1] <= snap.count  # cumulative: never goes back
+    expected = sum(0.001 * (1 + (i + k) % 7) for k in range(writers) for i in range(per_thread))
+    assert snap.total == pytest.approx(expected)
+    assert snap.maximum == pytest.approx(0.007)
+    assert snap.percentile(0.5) == pytest.approx(0.004, rel=0.01)
+    assert len(h._pending) == PENDING

@@ -28,7 +28,11 @@ class Batcher:
         self._spare: list[deque[Request]] = []  # emptied groups' deques, for the next new group
         self._size = 0
         self._closed = False
-        self._cond = threading.Condition(threading.Lock())
+        # Held directly (``with self._lock``, a C-level context manager); ``_cond`` waits and
+        # notifies on the same lock. ``with`` on the Condition itself runs two Python-level
+        # methods, per put and per take.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
 
     def __len__(self) -> int:
         return self._size
@@ -39,7 +43,7 @@ class Batcher:
         return group
 
     def put(self, req: Request) -> None:
-        with self._cond:
+        with self._lock:
             group = self._groups.get(req.key)
             if group is None:
                 group = self._new_group(req.key)
@@ -51,7 +55,7 @@ class Batcher:
                 self._cond.notify()
 
     def put_many(self, reqs: Iterable[Request]) -> None:
-        with self._cond:
+        with self._lock:
             for req in reqs:
                 group = self._groups.get(req.key)
                 if group is None:
@@ -62,13 +66,13 @@ class Batcher:
 
     def close(self) -> None:
         """Stop waiting for batches to fill: what is queued is handed out at once."""
-        with self._cond:
+        with self._lock:
             self._closed = True
             self._cond.notify_all()
 
     def drain(self) -> list[Request]:
         """Everything still queued, removed (the end of a drain that ran out of time)."""
-        with self._cond:
+        with self._lock:
             left = [r for group in self._groups.values() for r in group]
             self._groups.clear()
             self._size = 0
@@ -77,7 +81,7 @@ class Batcher:
     def take(self, timeout: float = 0.1) -> list[Request]:
         """Next batch, or ``[]`` when nothing arrived within ``timeout``."""
         give_up = time.perf_counter() + timeout
-        with self._cond:
+        with self._lock:
             while True:
                 now = time.perf_counter()
                 if self._size == 0:
