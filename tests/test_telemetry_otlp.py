@@ -100,7 +100,7 @@ def test_bridge_pushes_registry_families_with_soakd_names(receiver: Receiver, mo
     m = Metrics()
     m.process_rss.set(123456789)
     m.cuda_fragmentation.labels("cuda:0", "inactive_split").set(0.25)
-    m.requests.labels("ok").inc(42)
+    m.requests.add("ok", 42)
     m.gc_pause.labels("2").observe(0.003)
     m.gc_pause.labels("2").observe(0.2)
     m.request_duration.labels("e2e").observe_many([0.001, 0.002, 0.004])

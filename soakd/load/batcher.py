@@ -112,7 +112,7 @@ class Batcher:
                     continue
                 group = self._groups[key]
                 n = min(len(group), self.max_batch_size)
-                batch = [group.popleft() for _ in range(n)]
+                batch = [group.popleft()] if n == 1 else [group.popleft() for _ in range(n)]
                 if not group:
                     del self._groups[key]  # iterating the groups stays O(groups with requests)
                     if len(self._spare) < _SPARE_DEQUES:

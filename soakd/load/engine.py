@@ -25,7 +25,7 @@ from soakd.load.executors import Executor, executor_for
 from soakd.load.stages import BAD_INPUT_KEY, PostprocessThread, PreprocessPool
 from soakd.request import Inlet, Request
 from soakd.targets.base import AnyTarget, RequestTarget
-from soakd.telemetry.catalogue import OUTCOMES, Metrics
+from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.histogram import HistSnapshot
 from soakd.workload.postprocess import postprocessor
 from soakd.workload.sources import RequestSource
@@ -71,7 +71,7 @@ class Engine:
         self.executor: Executor = executor_for(cfg.load)
         self.batcher = Batcher(cfg.batcher.max_batch_size, cfg.batcher.max_queue_delay_ms / 1e3)
         self.stop_event = threading.Event()  # no new requests
-        self._abort = threading.Event()  # worker loops: leave now
+        self._leave = False  # worker loops: leave now (a plain flag: read once per batch)
         self._sent = 0  # written by the sending thread only (closed loop: under _complete_lock)
         self._done = 0  # written under _complete_lock (workers, or the postprocess thread)
         self._complete_lock = threading.Lock()
@@ -81,9 +81,7 @@ class Engine:
         # server let requests pile up, the moment they are for. No cost per request either.
         metrics.inflight.set_function(lambda: self.inflight)
         metrics.queue_depth.set_function(lambda: len(self.batcher))
-        self._outcome = {o: metrics.requests.labels(o) for o in OUTCOMES}
-        self._counts = dict.fromkeys(OUTCOMES, 0)
-        self._counts_lock = threading.Lock()
+        self._count = metrics.requests.add  # by outcome: the one count, /metrics and the summary alike
         self._errors_logged: set[str] = set()
         # Per worker: seconds inside the target, seconds of the loop's own work around it.
         workers = target.workers if target.batches else 1
@@ -198,7 +196,7 @@ class Engine:
                 break
             time.sleep(0.005)
         drained = self.inflight == 0
-        self._abort.set()
+        self._leave = True
         self.target.join(max(0.0, deadline - time.monotonic()) + 0.5)
         for stage in (self.preprocess_pool, self.postprocess):
             if stage is not None:
@@ -248,7 +246,7 @@ class Engine:
         keys_seen = self._keys_seen
         model_s, overhead_s = self._model_s, self._overhead_s
         cuda_oom_reset = self.cfg.batcher.empty_cache_on_oom and torch.cuda.is_available()
-        while not self._abort.is_set():
+        while not self._leave:
             batch = self.batcher.take(0.05)
             if not batch:
                 continue
@@ -263,7 +261,7 @@ class Engine:
             out = None
             t_call = t_dispatch
             try:
-                x = target.assemble(worker, [r.tensor for r in batch], pad)
+                x = target.assemble(worker, [batch[0].tensor] if len(batch) == 1 else [r.tensor for r in batch], pad)
                 if pad or batch[0].key not in keys_seen:
                     self._see_key(batch[0].key, x)
                 t_call = clock()
@@ -314,14 +312,10 @@ class Engine:
         with self._complete_lock:  # several workers may complete at once
             if self.target.batches and outcome != "bad_input":  # rejected samples formed no model batch
                 self.metrics.batch_size.count(n)
-            if not self.stop_event.is_set():
-                self.executor.replace(self, n)  # closed loop: what finished, plus or minus a new target
+            # Closed loop: what finished, plus or minus a new target (once stopped, nothing: the
+            # executor keeps its own flag, so no Event is read here per batch).
+            self.executor.replace(self, n)
             self._done += n
-
-    def _count(self, outcome: str, n: int) -> None:
-        self._outcome[outcome].inc(n)
-        with self._counts_lock:
-            self._counts[outcome] += n
 
     def _log_error_once(self, exc: BaseException) -> None:
         kind = type(exc).__name__
@@ -332,8 +326,7 @@ class Engine:
     # ------------------------------------------------------------------ reading
 
     def stats(self) -> EngineStats:
-        with self._counts_lock:
-            counts = dict(self._counts)
+        counts = self.metrics.requests.counts()
         end = self.last_completion if self.stop_event.is_set() else self.clock()
         return EngineStats(
             elapsed=max(1e-9, end - self.started_at),

@@ -79,7 +79,7 @@ class ClosedLoop:
         k = max(0, self._target - (engine.inflight - finished))
         if k:
             now = engine.clock()
-            engine.send([engine.make(now, now) for _ in range(k)])
+            engine.send([engine.make(now, now)] if k == 1 else [engine.make(now, now) for _ in range(k)])
 
     def stop(self) -> None:
         self._stopped = True
