@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from soakd.allocator import GLIBC_KEEP_BLOCKS  # torch-free: the parent starts no torch
+from soakd.allocator import FAULT_WARN_BYTES, GLIBC_KEEP_BLOCKS, PAGE_BYTES  # torch-free: no torch in the parent
 
 REPO = Path(__file__).resolve().parent.parent
 KINDS = ("convnet", "python", "torchscript", "export")
@@ -178,9 +178,12 @@ def child_offline(
 def child_offline_trace(
     spec: str, device: str, shape: tuple[int, ...], batch: int, warmup: int, trace: str, seconds: float
 ) -> dict[str, Any]:
-    """The offline loop for --side-by-side: as child_offline, but appending ``time.time() requests``
-    to ``trace`` every 50 ms for up to ``seconds`` (or until killed), so the parent can count its
-    requests over exactly the window soakd measured in the other process."""
+    """The offline loop for --side-by-side: as child_offline, but appending ``time.time() requests
+    minor-faults`` to ``trace`` every 50 ms for up to ``seconds`` (or until killed), so the parent can
+    count its requests, and the pages its allocator faulted in, over exactly the window soakd
+    measured in the other process."""
+    import resource
+
     import torch
 
     from soakd.models.loader import load_model
@@ -188,19 +191,22 @@ def child_offline_trace(
     model = load_model(spec, device)
     x = torch.randn(batch, *shape, device=model.device)
 
+    def faults() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
     def loop() -> dict[str, Any]:
         with torch.inference_mode(), open(trace, "w", buffering=1) as out:
             for _ in range(warmup):
                 model.fn(x)
             n, t0 = 0, time.time()
             last = t0
-            out.write(f"{t0:.6f} 0\n")
+            out.write(f"{t0:.6f} 0 {faults()}\n")
             while last - t0 < seconds:
                 model.fn(x)
                 n += batch
                 now = time.time()
                 if now - last >= 0.05:
-                    out.write(f"{now:.6f} {n}\n")
+                    out.write(f"{now:.6f} {n} {faults()}\n")
                     last = now
         return {"requests": n}
 
@@ -338,10 +344,10 @@ def soakd_model(case: Case, cpus: frozenset[int] | None = None) -> SoakdRun:
     )
 
 
-def trace_rate(trace: Path, start: float, end: float) -> float:
-    """Requests per second of an offline trace (``time requests`` lines) between two epoch times,
-    its cumulative count interpolated linearly between the 50 ms marks."""
-    points = [(float(t), int(n)) for t, n in (line.split() for line in trace.read_text().splitlines() if line)]
+def trace_window(trace: Path, start: float, end: float, column: int = 1) -> float:
+    """How much an offline trace's cumulative ``column`` (1: requests, 2: minor faults) grew between
+    two epoch times, interpolated linearly between its 50 ms marks."""
+    points = [(float(f[0]), int(f[column])) for f in (line.split() for line in trace.read_text().splitlines() if line)]
     if not points or points[0][0] > start or points[-1][0] < end:
         raise RuntimeError(f"the offline loop's trace {trace} does not cover soakd's window {start:.3f}-{end:.3f}")
 
@@ -351,7 +357,12 @@ def trace_rate(trace: Path, start: float, end: float) -> float:
                 return n0 + (n1 - n0) * (at - t0) / (t1 - t0) if t1 > t0 else float(n1)
         raise AssertionError("unreachable: the window is inside the trace")
 
-    return (count(end) - count(start)) / (end - start)
+    return count(end) - count(start)
+
+
+def trace_rate(trace: Path, start: float, end: float) -> float:
+    """Requests per second of an offline trace between two epoch times."""
+    return trace_window(trace, start, end) / (end - start)
 
 
 def last_mark(trace: Path) -> float:
@@ -359,11 +370,12 @@ def last_mark(trace: Path) -> float:
     return float(lines[-1].split()[0]) if lines else 0.0
 
 
-def side_by_side_round(case: Case, cpus: tuple[frozenset[int], frozenset[int]]) -> tuple[float, SoakdRun]:
+def side_by_side_round(case: Case, cpus: tuple[frozenset[int], frozenset[int]]) -> tuple[float, float, SoakdRun]:
     """One round of --side-by-side: the offline loop pinned to ``cpus[0]`` and soakd to ``cpus[1]``,
-    running at the same time, each with OMP_NUM_THREADS = its share; the offline req/s over soakd's
-    measured window, and soakd's run. Both sides see the same neighbours at the same moment, which the
-    alternating rounds cannot give on a shared host whose speed moves by 20-40% within seconds."""
+    running at the same time, each with OMP_NUM_THREADS = its share; the offline req/s and page
+    faults per batch over soakd's measured window, and soakd's run. Both sides see the same
+    neighbours at the same moment, which the alternating rounds cannot give on a shared host whose
+    speed moves by 20-40% within seconds."""
     off_cpus, soak_cpus = cpus
     trace = Path(tempfile.mkstemp(dir=case.work, suffix=".trace")[1])
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "offline-trace", case.spec, case.device]
@@ -394,7 +406,8 @@ def side_by_side_round(case: Case, cpus: tuple[frozenset[int], frozenset[int]]) 
                     f"the offline loop stopped before soakd's window ended: {errors.read_text()[-2000:]}"
                 )
             time.sleep(0.05)
-        return trace_rate(trace, start, end), run
+        batches = trace_window(trace, start, end) / case.load.batch
+        return trace_rate(trace, start, end), trace_window(trace, start, end, 2) / max(1.0, batches), run
     finally:
         off.kill()
         off.wait()
@@ -415,6 +428,16 @@ def paired(row: dict[str, Any]) -> float:
     """Median over rounds of soakd / offline within a round: the two ran back to back, so a
     machine that drifts between rounds (a neighbour's load) moves both sides of each ratio."""
     return float(statistics.median(s / o for s, o in zip(row["soakd"], row["offline"], strict=True) if o > 0))
+
+
+def allocator_note(row: dict[str, Any]) -> str:
+    """A row where either side faults in a megabyte a batch or more is paced by the allocator: its
+    ratio compares two allocation histories, not soakd with the model (bench/malloc_lottery.py)."""
+    sides = [row["soak_faults_per_call"], row.get("offline_faults_per_call") or []]
+    worst = max((statistics.median(v) for v in sides if v), default=0.0)
+    if worst * PAGE_BYTES < FAULT_WARN_BYTES:
+        return ""
+    return f"  allocator-bound: {worst:,.0f} page faults a batch (bench/malloc_lottery.py)"
 
 
 def fmt_rounds(values: list[float]) -> str:
@@ -554,12 +577,14 @@ def main() -> int:
                 harness: list[float] = []  # soakd's per-batch work / the model's time, on its model threads
                 faults: list[float] = []  # page faults per batch over the soak (the allocator's share)
                 probe_faults: list[float] = []  # the same in soakd's offline probe
+                off_faults: list[float] = []  # the same in the offline loop (side by side only)
                 here = on_half(load, len(halves[0]), 2 * len(halves[0])) if halves else load
                 case = Case(work, spec, dev, args.shape, here, args.warmup, seconds)
                 for r in range(args.rounds):
                     if halves:  # both at once; the halves swap every round
                         pair = halves if r % 2 == 0 else (halves[1], halves[0])
-                        off_rps, run = side_by_side_round(case, pair)
+                        off_rps, off_fault, run = side_by_side_round(case, pair)
+                        off_faults.append(off_fault)
                     else:
                         off_rps = run_child(
                             "offline", spec, dev, args.shape, str(load.batch), str(args.warmup), str(seconds)
@@ -591,6 +616,7 @@ def main() -> int:
                     harness_overhead=harness,
                     soak_faults_per_call=faults,
                     probe_faults_per_call=probe_faults,
+                    offline_faults_per_call=off_faults,
                 )
                 rows.append(row)
                 record["rows"].append(row)
@@ -600,7 +626,8 @@ def main() -> int:
                     f"soakd/offline {soak_m / off_m:6.3f}   rounds offline [{fmt_rounds(offline)}] "
                     f"soakd [{fmt_rounds(soak)}] in-process [{', '.join(f'{v:.2f}' for v in inproc)}]"
                     f"  soakd's work {100 * statistics.median(harness):.1f}% of the model's"
-                    f"  faults/batch {statistics.median(faults):,.0f} (probe {statistics.median(probe_faults):,.0f})"
+                    f"  faults/batch {statistics.median(faults):,.0f} (probe {statistics.median(probe_faults):,.0f}"
+                    + (f", offline loop {statistics.median(off_faults):,.0f})" if off_faults else ")")
                 )
                 if seed:
                     line += f" seed [{fmt_rounds(seed)}]"
@@ -688,7 +715,7 @@ def main() -> int:
             seed_cols = f"{seed_m:9.1f} {seed_m / off_m:9.3f}"
         print(
             f"  {row['model']:<12} {row['load']:<12} {off_m:9.1f} {soak_m:9.1f} {soak_m / off_m:9.3f}"
-            f" {paired(row):7.3f} {seed_cols}"
+            f" {paired(row):7.3f} {seed_cols}{allocator_note(row)}"
         )
     if ceiling:
         med = statistics.median(ceiling)

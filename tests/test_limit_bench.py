@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -14,13 +16,17 @@ from bench import limit
 
 def test_the_offline_trace_is_counted_over_the_window_only(tmp_path: Path) -> None:
     trace = tmp_path / "off.trace"
-    # 100 req/s for 10 s, then 300 req/s: marks every 50 ms, as child_offline_trace writes them.
-    lines, n = [], 0.0
+    # 100 req/s for 10 s, then 300 req/s: marks every 50 ms, as child_offline_trace writes them,
+    # with the process's page faults: 2 a request at first, none later.
+    lines, n, faults = [], 0.0, 5000.0
     for k in range(401):
         t = k * 0.05
-        lines.append(f"{1000 + t:.6f} {round(n)}")
+        lines.append(f"{1000 + t:.6f} {round(n)} {round(faults)}")
         n += (100 if t < 10 else 300) * 0.05
+        faults += (2 * 100 if t < 10 else 0) * 0.05
     trace.write_text("\n".join(lines) + "\n")
+    assert limit.trace_window(trace, 1002.0, 1008.0, 2) == pytest.approx(2 * 600, rel=1e-3)
+    assert limit.trace_window(trace, 1011.0, 1019.0, 2) == pytest.approx(0, abs=1e-6)
     assert limit.trace_rate(trace, 1002.0, 1008.0) == pytest.approx(100, rel=1e-3)
     assert limit.trace_rate(trace, 1005.0, 1015.0) == pytest.approx(200, rel=1e-3)  # half at each rate
     assert limit.trace_rate(trace, 1012.525, 1019.0) == pytest.approx(300, rel=1e-3)  # between marks
@@ -31,6 +37,19 @@ def test_the_offline_trace_is_counted_over_the_window_only(tmp_path: Path) -> No
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pins to one of two CPUs")
+def test_a_row_paced_by_page_faults_says_so() -> None:
+    """A row where either side faults in a megabyte a batch is marked as the allocator's; a row
+    with a few stray faults is not."""
+    quiet = {"soak_faults_per_call": [0.0, 2.0, 1.0], "offline_faults_per_call": [0.0, 0.0, 3.0]}
+    assert limit.allocator_note(quiet) == ""
+    soak = {"soak_faults_per_call": [2400.0, 2500.0, 2450.0], "offline_faults_per_call": [600.0, 650.0, 700.0]}
+    assert "allocator-bound: 2,450 page faults a batch" in limit.allocator_note(soak)
+    offline = {"soak_faults_per_call": [0.0], "offline_faults_per_call": [4000.0]}
+    assert "4,000" in limit.allocator_note(offline)
+    alternating = {"soak_faults_per_call": [1500.0] * 3}  # rounds run one side at a time: no offline faults
+    assert "1,500" in limit.allocator_note(alternating)
+
+
 def test_a_pinned_soakd_run_reports_its_measured_window(tmp_path: Path) -> None:
     cpu = min(os.sched_getaffinity(0))
     before = time.time()
@@ -89,3 +108,16 @@ def test_the_offline_loop_runs_off_the_main_thread_and_keeps_its_errors() -> Non
 
     with pytest.raises(ValueError, match="model said no"):
         limit.on_thread(fails)
+
+
+def test_the_malloc_lottery_bench_runs_each_variant_in_its_own_process() -> None:
+    """bench/malloc_lottery.py prints every variant with its rate and faults, under the allocator
+    settings it was asked for."""
+    cmd = [sys.executable, str(limit.REPO / "bench" / "malloc_lottery.py"), "--model", "builtin:noop"]
+    cmd += ["--shape", "16", "--rounds", "1", "--seconds", "0.2", "--steady-malloc"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=limit.env(), timeout=300, check=True).stdout
+    lines = out.splitlines()
+    assert "MALLOC_ARENA_MAX=1" in lines[0], out
+    rows = {line[2:16].strip(): line[16:].split() for line in lines[2:]}
+    assert set(rows) == {"offline", "main allocs", "view per call"}, out
+    assert all(float(cols[0]) > 1000 for cols in rows.values()), out  # req/s of a no-op model
