@@ -121,6 +121,33 @@ def test_absent_source_reports_down_once_and_is_not_sampled(caplog: pytest.LogCa
     assert absent.samples == 0
 
 
+def test_shutdown_while_a_source_finds_itself_absent_returns() -> None:
+    """A source whose open() says "unavailable" while shutdown() is under way (a run that ends
+    within its first sampling tick: a model that fails warm-up) must not hang the exit: the tick
+    used to remove its own job, which waits for the lock shutdown holds while it joins the tick."""
+    entered, release = threading.Event(), threading.Event()
+
+    class SlowAbsent(Counting):
+        def open(self) -> None:
+            entered.set()
+            release.wait(5)
+            raise SourceUnavailable("no such device here")
+
+    m = Metrics()
+    sched = SamplerScheduler(m, sample_timeout=3.0)
+    sched.add(SlowAbsent("gpu_thing"), 60)
+    sched.start()
+    assert entered.wait(5)
+    stopper = threading.Thread(target=sched.shutdown, daemon=True)
+    stopper.start()
+    time.sleep(0.3)  # shutdown now holds the scheduler's locks and waits for the tick
+    release.set()
+    stopper.join(10)
+    assert not stopper.is_alive(), "shutdown hung on the absent source's tick"
+    assert sched.states()["gpu_thing"] == "absent"
+    assert value(m, "soakd_collector_up", source="gpu_thing") == 0
+
+
 def test_failing_source_logs_once_until_it_recovers(caplog: pytest.LogCaptureFixture) -> None:
     """Repeated failures give one warning; recovery gives one info line and up 1 again."""
     m = Metrics()

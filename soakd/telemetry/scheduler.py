@@ -10,12 +10,11 @@ block process exit.
 Each source exports ``collector_up``, ``collector_duration_seconds`` and
 ``collector_last_success_timestamp_seconds``. A source that is absent on this host (no CUDA,
 no NVML, no glibc) raises :class:`SourceUnavailable` from ``open()``: it reports
-``collector_up 0`` once, logs one line, and is never scheduled.
+``collector_up 0`` once, logs one line, and is never sampled (its tick returns at once).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -234,12 +233,12 @@ class SamplerScheduler:
         """Act on the outcome of the source's finished ``open()``; True when it is ready to sample."""
         err = src.worker.error
         if isinstance(err, SourceUnavailable):
+            # Its job stays and returns at once from now on (run_once). Removing it here, from
+            # inside the job, hung the process whenever shutdown came first: APScheduler 3.11's
+            # shutdown(wait=True) holds the lock remove_job needs while it waits for this job.
             src.state = "absent"
             src.up.set(0)
             log.info("telemetry source %s unavailable: %s (reported as collector_up 0, not sampled)", src.name, err)
-            if self._started:
-                with contextlib.suppress(Exception):  # the job may be gone already
-                    self._scheduler.remove_job(src.name)
             return False
         if err is not None:
             self._failed(src, err)
