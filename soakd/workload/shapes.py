@@ -47,16 +47,13 @@ class ShapeSource:
         self._draws: list[int] = []
         self._turn = 0
 
-    def _refill(self) -> None:
-        if len(self.shapes) == 1:
-            self._draws = [0] * 4096
-        else:
-            self._draws = self._rng.choice(len(self.shapes), size=4096, p=self._weights).tolist()
-
     def next(self) -> tuple[Shape, Any]:
-        if not self._draws:
-            self._refill()
-        k = self._draws.pop()
+        if len(self._pools) == 1:  # one shape: nothing to draw (and no 32 KB list of draws to make)
+            k = 0
+        else:
+            if not self._draws:
+                self._draws = self._rng.choice(len(self.shapes), size=4096, p=self._weights).tolist()
+            k = self._draws.pop()
         self._turn += 1
         pool = self._pools[k]
         return self.shapes[k], pool[self._turn % len(pool)]
