@@ -10,13 +10,15 @@ temp dir). Load configurations:
   b8 copy   the same with ``[input] pool = 9``: the default pool of 8 fills a batch of 8 with the
             tensors its rows already hold, so no row is copied (soakd/targets/staging.py); with 9
             every row of every batch is copied, as with inputs read from sample files
-  b1 one input  batch 1 with ``[input] pool = 1``: the offline loop's own arrangement, one input
-            reused, so the row measures soakd's work alone; the default pool cycles 8 inputs of
-            600 KB through the cache, which a model's next call reads cold (as a server's would)
+  b1 one input  batch 1 with ``[input] pool = 1``: one input reused, on both sides
 
-The offline loop is the model alone: one thread (not the main one: see ``on_thread``), the same
-input tensor every call, warmed up on that thread. soakd's figure is ``throughput_rps`` from
-``python -m soakd run --summary-json``.
+The offline loop is the model alone: one thread (not the main one: see ``on_thread``), warmed up
+on that thread, called on the inputs soakd hands the model (``Load.offline_inputs``): at batch 1
+the pool's tensors in turn (8 by default: 4.8 MB at 3x224x224, past L2, so each call reads its
+input from L3, as a server's would read a request's), at larger batches one tensor (soakd's batch
+of pooled rows, or its staging buffer). The two batch-1 rows' offline figures, one input against
+eight, are that cache cost of the model's own, with soakd absent. soakd's figure is
+``throughput_rps`` from ``python -m soakd run --summary-json``.
 The seed article's harness (bench/seed_harness.py, 2 threads on one pre-made tensor) is the
 baseline row. Then the driver's own limits on ``builtin:noop``: the closed-loop ceiling at batch
 1024, and open-loop Poisson arrivals at each ``--rates`` value (achieved / offered, schedule lag
@@ -70,6 +72,13 @@ class Load:
     instances: int
     delay_ms: float
     pool: int = DEFAULT_POOL
+
+    @property
+    def offline_inputs(self) -> int:
+        """Distinct batch tensors soakd hands the model, which the offline loop cycles through as
+        well: at batch 1 each pooled tensor (a view of it), at larger batches one tensor (a batch
+        of the pooled rows, which already hold it, or the staging buffer the rows are copied to)."""
+        return self.pool if self.batch == 1 else 1
 
 
 LOADS = (
@@ -146,27 +155,36 @@ def on_thread(fn: Callable[[], T]) -> T:
     return box[0]
 
 
+def input_cycle(device: Any, shape: tuple[int, ...], batch: int, inputs: int) -> Any:
+    """The offline loop's inputs: ``inputs`` random batch tensors, in an endless cycle (made here,
+    on the main thread, as soakd makes its pool)."""
+    import torch
+
+    return itertools.cycle([torch.randn(batch, *shape, device=device) for _ in range(inputs)])
+
+
 def child_offline(
-    spec: str, device: str, shape: tuple[int, ...], batch: int, warmup: int, seconds: float
+    spec: str, device: str, shape: tuple[int, ...], batch: int, warmup: int, seconds: float, inputs: int
 ) -> dict[str, Any]:
-    """The model alone: warmed up and run on one thread, one input reused, synchronised per call."""
+    """The model alone: warmed up and run on one thread, on ``inputs`` inputs in turn, synchronised
+    per call."""
     import torch
 
     from soakd.models.loader import load_model
 
     model = load_model(spec, device)
     cuda = model.device.type == "cuda"
-    x = torch.randn(batch, *shape, device=model.device)
+    xs = input_cycle(model.device, shape, batch, inputs)
 
     def loop() -> dict[str, Any]:
         with torch.inference_mode():
             for _ in range(warmup):
-                model.fn(x)
+                model.fn(next(xs))
             if cuda:
                 torch.cuda.synchronize(model.device)
             n, t0 = 0, time.perf_counter()
             while time.perf_counter() - t0 < seconds:
-                model.fn(x)
+                model.fn(next(xs))
                 if cuda:
                     torch.cuda.synchronize(model.device)
                 n += batch
@@ -176,7 +194,7 @@ def child_offline(
 
 
 def child_offline_trace(
-    spec: str, device: str, shape: tuple[int, ...], batch: int, warmup: int, trace: str, seconds: float
+    spec: str, device: str, shape: tuple[int, ...], batch: int, warmup: int, trace: str, seconds: float, inputs: int
 ) -> dict[str, Any]:
     """The offline loop for --side-by-side: as child_offline, but appending ``time.time() requests
     minor-faults`` to ``trace`` every 50 ms for up to ``seconds`` (or until killed), so the parent can
@@ -189,7 +207,7 @@ def child_offline_trace(
     from soakd.models.loader import load_model
 
     model = load_model(spec, device)
-    x = torch.randn(batch, *shape, device=model.device)
+    xs = input_cycle(model.device, shape, batch, inputs)
 
     def faults() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -197,12 +215,12 @@ def child_offline_trace(
     def loop() -> dict[str, Any]:
         with torch.inference_mode(), open(trace, "w", buffering=1) as out:
             for _ in range(warmup):
-                model.fn(x)
+                model.fn(next(xs))
             n, t0 = 0, time.time()
             last = t0
             out.write(f"{t0:.6f} 0 {faults()}\n")
             while last - t0 < seconds:
-                model.fn(x)
+                model.fn(next(xs))
                 n += batch
                 now = time.time()
                 if now - last >= 0.05:
@@ -379,7 +397,7 @@ def side_by_side_round(case: Case, cpus: tuple[frozenset[int], frozenset[int]]) 
     off_cpus, soak_cpus = cpus
     trace = Path(tempfile.mkstemp(dir=case.work, suffix=".trace")[1])
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "offline-trace", case.spec, case.device]
-    cmd += [case.shape, str(case.load.batch), str(case.warmup), str(trace), "600"]
+    cmd += [case.shape, str(case.load.batch), str(case.warmup), str(trace), "600", str(case.load.offline_inputs)]
     errors = trace.with_suffix(".log")
     with errors.open("w") as err:
         off = subprocess.Popen(
@@ -487,14 +505,27 @@ def main() -> int:
         if kind == "build":
             out = child_build(rest[0], rest[1], tuple(int(d) for d in rest[2].split("x")))
         elif kind == "offline-trace":
-            spec, device, shape, batch, warmup, trace, seconds = rest
+            spec, device, shape, batch, warmup, trace, seconds, inputs = rest
             out = child_offline_trace(
-                spec, device, tuple(int(d) for d in shape.split("x")), int(batch), int(warmup), trace, float(seconds)
+                spec,
+                device,
+                tuple(int(d) for d in shape.split("x")),
+                int(batch),
+                int(warmup),
+                trace,
+                float(seconds),
+                int(inputs),
             )
         elif kind == "offline":
-            spec, device, shape, batch, warmup, seconds = rest
+            spec, device, shape, batch, warmup, seconds, inputs = rest
             out = child_offline(
-                spec, device, tuple(int(d) for d in shape.split("x")), int(batch), int(warmup), float(seconds)
+                spec,
+                device,
+                tuple(int(d) for d in shape.split("x")),
+                int(batch),
+                int(warmup),
+                float(seconds),
+                int(inputs),
             )
         else:
             spec, device, shape, batch, warmup, seconds, hint = rest
@@ -587,7 +618,14 @@ def main() -> int:
                         off_faults.append(off_fault)
                     else:
                         off_rps = run_child(
-                            "offline", spec, dev, args.shape, str(load.batch), str(args.warmup), str(seconds)
+                            "offline",
+                            spec,
+                            dev,
+                            args.shape,
+                            str(load.batch),
+                            str(args.warmup),
+                            str(seconds),
+                            str(load.offline_inputs),
                         )["rps"]
                         run = soakd_model(case)
                     offline.append(off_rps)
@@ -622,7 +660,8 @@ def main() -> int:
                 record["rows"].append(row)
                 off_m, soak_m = statistics.median(offline), statistics.median(soak)
                 line = (
-                    f"  {kind:<12} {load.name:<12} offline {off_m:9.1f}  soakd {soak_m:9.1f}  "
+                    f"  {kind:<12} {load.name:<12} offline ({load.offline_inputs} input"
+                    f"{'s' if load.offline_inputs > 1 else ''}) {off_m:9.1f}  soakd {soak_m:9.1f}  "
                     f"soakd/offline {soak_m / off_m:6.3f}   rounds offline [{fmt_rounds(offline)}] "
                     f"soakd [{fmt_rounds(soak)}] in-process [{', '.join(f'{v:.2f}' for v in inproc)}]"
                     f"  soakd's work {100 * statistics.median(harness):.1f}% of the model's"

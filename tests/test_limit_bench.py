@@ -121,3 +121,63 @@ def test_the_malloc_lottery_bench_runs_each_variant_in_its_own_process() -> None
     rows = {line[2:16].strip(): line[16:].split() for line in lines[2:]}
     assert set(rows) == {"offline", "main allocs", "view per call"}, out
     assert all(float(cols[0]) > 1000 for cols in rows.values()), out  # req/s of a no-op model
+
+
+POINTER_LOG = '''
+import os
+
+import torch
+
+
+class Pointers(torch.nn.Module):
+    """Appends "batch-size data_ptr" per call to $POINTER_LOG."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._log = open(os.environ["POINTER_LOG"], "a", buffering=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._log.write(f"{x.shape[0]} {x.data_ptr()}\\n")
+        return x.mean(dim=(1, 2, 3))
+
+
+def make() -> Pointers:
+    return Pointers()
+'''
+
+
+def steady_inputs(log: Path, batch: int) -> int:
+    """Distinct inputs among the second half of the full-batch calls (after warm-up and probe)."""
+    ptrs = [int(p) for size, p in (line.split() for line in log.read_text().splitlines()) if int(size) == batch]
+    assert len(ptrs) > 40, f"only {len(ptrs)} full calls recorded"
+    return len(set(ptrs[len(ptrs) // 2 :]))
+
+
+@pytest.mark.parametrize("load", limit.LOADS, ids=lambda load: load.name)
+def test_the_offline_loop_cycles_as_many_inputs_as_soakd_hands_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, load: limit.Load
+) -> None:
+    """Each bench row compares like with like: at batch 1 soakd hands the model each pooled input
+    in turn (8 by default, 1 with pool = 1), at batch 8 one buffer; its offline loop the same."""
+    model = tmp_path / "pointers.py"
+    model.write_text(POINTER_LOG)
+    spec = f"python:{model}:make"
+    soak_log, off_log = tmp_path / "soak.log", tmp_path / "offline.log"
+    config = tmp_path / "soak.toml"
+    config.write_text(f"[batcher]\ninstances = 1\n[input]\npool = {load.pool}\n")
+    flags = ["--model", spec, "--input-shapes", "3x16x16", "--warmup", "3", "--duration", "1.5s"]
+    flags += ["--concurrency", str(load.concurrency), "--max-batch-size", str(load.batch)]
+    flags += ["--max-queue-delay-ms", str(load.delay_ms), "--metrics-addr", "127.0.0.1:0"]
+    flags += ["--state-dir", str(tmp_path / "state"), "--config", str(config)]
+    res = subprocess.run(
+        [sys.executable, "-m", "soakd", "run", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "POINTER_LOG": str(soak_log)},
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    monkeypatch.setenv("POINTER_LOG", str(off_log))
+    limit.child_offline(spec, "cpu", (3, 16, 16), load.batch, 3, 0.3, load.offline_inputs)
+    assert steady_inputs(soak_log, load.batch) == load.offline_inputs
+    assert steady_inputs(off_log, load.batch) == load.offline_inputs
