@@ -14,10 +14,10 @@ temp dir). Load configurations:
 
 The offline loop is the model alone: one thread (not the main one: see ``on_thread``), warmed up
 on that thread, called on the inputs soakd hands the model (``Load.offline_inputs``): at batch 1
-the pool's tensors in turn (8 by default: 4.8 MB at 3x224x224, past L2, so each call reads its
-input from L3, as a server's would read a request's), at larger batches one tensor (soakd's batch
-of pooled rows, or its staging buffer). The two batch-1 rows' offline figures, one input against
-eight, are that cache cost of the model's own, with soakd absent. soakd's figure is
+the pool's tensors in turn (8 by default: 4.8 MB at 3x224x224, past L2), at larger batches one
+tensor (soakd's batch of pooled rows, or its staging buffer). The two batch-1 rows' offline
+figures, one input against eight, show what input variety costs the model itself, with soakd
+absent (on the encoders here: nothing the rounds can tell apart). soakd's figure is
 ``throughput_rps`` from ``python -m soakd run --summary-json``.
 The seed article's harness (bench/seed_harness.py, 2 threads on one pre-made tensor) is the
 baseline row. Then the driver's own limits on ``builtin:noop``: the closed-loop ceiling at batch
