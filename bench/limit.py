@@ -245,6 +245,22 @@ def child_seed(
     return {"rps": res["qps"] * batch}  # the seed counts calls; each call is `batch` requests
 
 
+def child_main(kind: str, rest: list[str]) -> dict[str, Any]:
+    """``--child KIND ARGS``: the arguments ``run_child`` and ``side_by_side_round`` pass."""
+    if kind == "build":
+        return child_build(rest[0], rest[1], tuple(int(d) for d in rest[2].split("x")))
+    spec, device, shape, batch, warmup, *tail = rest
+    dims = tuple(int(d) for d in shape.split("x"))
+    if kind == "offline-trace":
+        trace, seconds, inputs = tail
+        return child_offline_trace(spec, device, dims, int(batch), int(warmup), trace, float(seconds), int(inputs))
+    if kind == "offline":
+        seconds, inputs = tail
+        return child_offline(spec, device, dims, int(batch), int(warmup), float(seconds), int(inputs))
+    seconds, hint = tail
+    return child_seed(spec, device, dims, int(batch), int(warmup), float(seconds), float(hint))
+
+
 def run_child(*args: str, timeout: float = 600) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", *args]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env(), timeout=timeout)
@@ -502,42 +518,7 @@ def main() -> int:
 
     if args.child:
         kind, *rest = args.child
-        if kind == "build":
-            out = child_build(rest[0], rest[1], tuple(int(d) for d in rest[2].split("x")))
-        elif kind == "offline-trace":
-            spec, device, shape, batch, warmup, trace, seconds, inputs = rest
-            out = child_offline_trace(
-                spec,
-                device,
-                tuple(int(d) for d in shape.split("x")),
-                int(batch),
-                int(warmup),
-                trace,
-                float(seconds),
-                int(inputs),
-            )
-        elif kind == "offline":
-            spec, device, shape, batch, warmup, seconds, inputs = rest
-            out = child_offline(
-                spec,
-                device,
-                tuple(int(d) for d in shape.split("x")),
-                int(batch),
-                int(warmup),
-                float(seconds),
-                int(inputs),
-            )
-        else:
-            spec, device, shape, batch, warmup, seconds, hint = rest
-            out = child_seed(
-                spec,
-                device,
-                tuple(int(d) for d in shape.split("x")),
-                int(batch),
-                int(warmup),
-                float(seconds),
-                float(hint),
-            )
+        out = child_main(kind, rest)
         print(json.dumps(out))
         return 0
 
