@@ -345,6 +345,10 @@ class Case:
     warmup: int
     seconds: float
 
+    def child_args(self) -> list[str]:
+        """What every model child takes first (``child_main`` reads them in this order)."""
+        return [self.spec, self.device, self.shape, str(self.load.batch), str(self.warmup)]
+
 
 def soakd_model(case: Case, cpus: frozenset[int] | None = None) -> SoakdRun:
     config = textwrap.dedent(f"""
@@ -412,8 +416,8 @@ def side_by_side_round(case: Case, cpus: tuple[frozenset[int], frozenset[int]]) 
     speed moves by 20-40% within seconds."""
     off_cpus, soak_cpus = cpus
     trace = Path(tempfile.mkstemp(dir=case.work, suffix=".trace")[1])
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "offline-trace", case.spec, case.device]
-    cmd += [case.shape, str(case.load.batch), str(case.warmup), str(trace), "600", str(case.load.offline_inputs)]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "offline-trace", *case.child_args()]
+    cmd += [str(trace), "600", str(case.load.offline_inputs)]
     errors = trace.with_suffix(".log")
     with errors.open("w") as err:
         off = subprocess.Popen(
@@ -598,16 +602,9 @@ def main() -> int:
                         off_rps, off_fault, run = side_by_side_round(case, pair)
                         off_faults.append(off_fault)
                     else:
-                        off_rps = run_child(
-                            "offline",
-                            spec,
-                            dev,
-                            args.shape,
-                            str(load.batch),
-                            str(args.warmup),
-                            str(seconds),
-                            str(load.offline_inputs),
-                        )["rps"]
+                        off_rps = run_child("offline", *case.child_args(), str(seconds), str(load.offline_inputs))[
+                            "rps"
+                        ]
                         run = soakd_model(case)
                     offline.append(off_rps)
                     soak.append(float(run.summary["throughput_rps"]))
@@ -617,18 +614,7 @@ def main() -> int:
                     faults.append(float(probe.get("soak_page_faults_per_call") or 0.0))
                     probe_faults.append(float(probe.get("page_faults_per_call") or 0.0))
                     if kind in seeded and load.pool == DEFAULT_POOL and not halves:  # the seed harness has no pool
-                        seed.append(
-                            run_child(
-                                "seed",
-                                spec,
-                                dev,
-                                args.shape,
-                                str(load.batch),
-                                str(args.warmup),
-                                str(seconds),
-                                str(off_rps),
-                            )["rps"]
-                        )
+                        seed.append(run_child("seed", *case.child_args(), str(seconds), str(off_rps))["rps"])
                 row = {"model": kind, "spec": spec, "load": load.name, "offline": offline, "soakd": soak, "seed": seed}
                 row.update(
                     in_process=inproc,
