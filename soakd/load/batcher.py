@@ -84,8 +84,8 @@ class Batcher:
             if self._size >= self.max_batch_size and len(self._groups) == 1:
                 # The steady state of a loaded soak with one input shape: a full batch of the only
                 # group, taken without reading the clock or scanning (at batch 1 this is every take).
-                for key, group in self._groups.items():
-                    return self._pop(key, group, self.max_batch_size)
+                key, group = next(iter(self._groups.items()))
+                return self._pop(key, group, self.max_batch_size)
             give_up = time.perf_counter() + timeout
             while True:
                 now = time.perf_counter()
