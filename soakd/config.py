@@ -22,7 +22,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psutil
 
@@ -231,7 +231,9 @@ class OtelConfig:
 @dataclass
 class SloConfig:
     p99_ms: float | None = None  # end-to-end
-    max_error_ratio: float | None = None
+    # Share of requests not ok. Unset: the default gate (DEFAULT_MAX_ERROR_RATIO) applies, so a
+    # soak whose requests failed never exits 0; "none" turns the error gate off on purpose.
+    max_error_ratio: float | Literal["none"] | None = field(default=None, metadata={"off_word": "none"})
     min_throughput_rps: float | None = None
     stage_p99_ms: dict[str, float] = field(default_factory=dict)  # per stage, e.g. {inference = 20.0}
     no_leak: list[str] = field(default_factory=list)  # memory series that must not be judged leaking
@@ -323,6 +325,8 @@ MAX_INT = 2**63 - 1
 
 
 def _coerce(value: Any, tp: Any, path: str, meta: typing.Mapping[str, Any]) -> Any:
+    if meta.get("off_word") is not None and value == meta["off_word"]:
+        return value
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -741,9 +745,14 @@ def validate(cfg: Config) -> None:
         0.0 <= cfg.otel.trace_sample_ratio <= 1.0,
         f"otel.trace_sample_ratio: must be within [0, 1], got {cfg.otel.trace_sample_ratio}",
     )
-    for name in ("p99_ms", "max_error_ratio", "min_throughput_rps", "ttft_ms", "tpot_ms"):
+    for name in ("p99_ms", "min_throughput_rps", "ttft_ms", "tpot_ms"):
         v = getattr(cfg.slo, name)
         _require(v is None or v >= 0, f"slo.{name}: must be >= 0, got {v}")
+    ratio = cfg.slo.max_error_ratio
+    _require(
+        ratio is None or ratio == "none" or 0 <= ratio <= 1,
+        f'slo.max_error_ratio: must be within [0, 1] or "none", got {ratio}',
+    )
     for stage, limit in cfg.slo.stage_p99_ms.items():
         _require(stage in STAGES, f"slo.stage_p99_ms.{stage}: unknown stage (known: {', '.join(STAGES)})")
         _require(limit >= 0, f"slo.stage_p99_ms.{stage}: must be >= 0, got {limit}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,9 +59,29 @@ class TestChecks:
         assert block["passed"] is False
         assert block["failed"] == ["p99 e2e", "p99 queue"]
 
-    def test_no_slos_configured_passes(self) -> None:
-        """With no [slo] keys the gate has nothing to check and passes."""
-        assert slo_block(SloConfig(), SUMMARY) == {"passed": True, "failed": [], "checks": []}
+    def test_no_slos_configured_applies_the_default_error_gate(self) -> None:
+        """With no [slo] keys the default error bound (1% not ok) is the gate, named as the default."""
+        block = slo_block(SloConfig(), SUMMARY)
+        assert [(c["name"], c["limit"], c["passed"]) for c in block["checks"]] == [
+            ("error ratio (default)", 0.01, True)
+        ]
+        failing = {**SUMMARY, "requests": {"ok": 400, "error": 17586}}
+        block = slo_block(SloConfig(), failing)
+        assert block["passed"] is False
+        assert block["failed"] == ["error ratio (default)"]
+        assert by_name(block)["error ratio (default)"]["observed"] == pytest.approx(17586 / 17986)
+
+    def test_explicit_bounds_override_the_default_gate(self) -> None:
+        """`max_error_ratio = 1.0` lets every failure through; `"none"` removes the error gate on purpose."""
+        failing = {**SUMMARY, "requests": {"ok": 1, "error": 99}}
+        assert slo_block(SloConfig(max_error_ratio=1.0), failing)["passed"] is True
+        assert slo_block(SloConfig(max_error_ratio="none"), failing) == {"passed": True, "failed": [], "checks": []}
+
+    def test_a_gate_never_passes_on_nothing_measured(self) -> None:
+        """No request measured: the error gate, a latency bound and a throughput floor each fail."""
+        empty: dict[str, Any] = {"throughput_rps": None, "requests": {}, "latency_ms": {}}
+        block = slo_block(SloConfig(p99_ms=1000.0, min_throughput_rps=1.0), empty)
+        assert block["failed"] == ["p99 e2e", "error ratio (default)", "throughput"]
 
     def test_too_short_a_run_fails_min_duration(self) -> None:
         """A run shorter than slo.min_duration cannot pass, whatever its latency."""
@@ -78,7 +99,7 @@ class TestChecks:
 
     def test_per_stage_e2e_limit_overrides_p99_ms(self) -> None:
         """slo.stage_p99_ms.e2e is the more specific limit for the end-to-end stage."""
-        checks = check_slos(SloConfig(p99_ms=1.0, stage_p99_ms={"e2e": 20.0}), SUMMARY)
+        checks = check_slos(SloConfig(p99_ms=1.0, stage_p99_ms={"e2e": 20.0}, max_error_ratio="none"), SUMMARY)
         assert [(c.name, c.limit, c.passed) for c in checks] == [("p99 e2e", 20.0, True)]
 
 
@@ -99,6 +120,8 @@ class TestConfig:
             ("[compare]\nconfidence = 2.0\n", "compare.confidence"),
             ("[compare]\nmax_throughput_drop = 1.5\n", "compare.max_throughput_drop"),
             ("[compare]\nbogus = 1\n", "compare.bogus"),
+            ("[slo]\nmax_error_ratio = 1.5\n", "slo.max_error_ratio"),
+            ('[slo]\nmax_error_ratio = "never"\n', "slo.max_error_ratio"),
         ],
     )
     def test_errors_name_the_key(self, tmp_path: Path, text: str, path: str) -> None:
@@ -130,8 +153,8 @@ class TestRunExitCode:
         assert "SLO verdict: MISSED (p99 e2e)" in run.stdout
         slo = run.summary["slo"]
         assert slo["passed"] is False
-        (check,) = slo["checks"]
-        assert check["limit"] == 0.001 and check["observed"] > 0.001 and check["status"] == "FAIL"
+        check = by_name(slo)["p99 e2e"]
+        assert check["limit"] == 0.001 and float(str(check["observed"])) > 0.001 and check["status"] == "FAIL"
 
     def test_lenient_slos_exit_0(self) -> None:
         """A run meeting every SLO exits 0, prints each pass and where its report is."""
@@ -163,3 +186,31 @@ def test_summary_json_carries_the_gate() -> None:
     assert w["latency_ms"]["e2e"]["p99"] > 0
     assert "host_rss" in summary["memory"]
     assert summary["batch_size"]["buckets"][-1]["le"] == 8.0
+
+
+def test_sweep_steps_past_the_error_gate_are_never_recommended() -> None:
+    """A sweep step with 5% failures fails the default gate and is skipped by the recommendation;
+    when every step fails, there is no recommendation (sweep exits 1)."""
+    from soakd.run.sweep import judge_errors, recommend
+
+    def step(i: int, rps: float, requests: dict[str, int]) -> dict[str, Any]:
+        total = sum(requests.values())
+        ratio = (total - requests.get("ok", 0)) / total if total else None
+        return {
+            "index": i,
+            "concurrency": i + 1,
+            "max_batch_size": 1,
+            "throughput_rps": rps,
+            "p99_ms": 5.0,
+            "stable": True,
+            "error_ratio": ratio,
+        }
+
+    steps = [step(0, 100.0, {"ok": 1000}), step(1, 180.0, {"ok": 950, "error": 50}), step(2, 0.0, {})]
+    judge_errors(steps, SloConfig())
+    assert [s["error_gate"] for s in steps] == ["pass", "FAIL", "FAIL"]
+    rec = recommend(steps, None, None)
+    assert rec is not None and rec["index"] == 0
+    assert recommend(steps[1:], None, None) is None
+    judge_errors(steps, SloConfig(max_error_ratio=0.1))
+    assert [s["error_gate"] for s in steps] == ["pass", "pass", "FAIL"]

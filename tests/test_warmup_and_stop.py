@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from soakd.run.session import OVERHEAD_WARN_RATIO
 from tests.conftest import free_port, metric_value, scrape, soakd_cmd, wait_for
 
@@ -129,8 +131,10 @@ def test_a_flaky_model_is_warmed_up_anyway_and_its_failures_counted(tmp_path: Pa
         "--summary-json",
         str(out),
     )
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 1, res.stderr  # one in ten failed: past the default 1% gate
+    assert "SLO FAIL error ratio (default)" in res.stdout
     summary = json.loads(out.read_text())
+    assert summary["slo"]["failed"] == ["error ratio (default)"]
     assert summary["cold_start"]["warmup_failures"] >= 1
     assert "warm-up:" in res.stderr and "flaky" in res.stderr
     assert summary["requests"]["error"] > 0 and summary["requests"]["ok"] > summary["requests"]["error"]
@@ -138,9 +142,12 @@ def test_a_flaky_model_is_warmed_up_anyway_and_its_failures_counted(tmp_path: Pa
 
 def test_sys_exit_in_forward_during_the_soak_is_counted_not_fatal(tmp_path: Path) -> None:
     """SystemExit out of user code during the soak is outcome=error, logged once; the run ends on
-    time with exit 0 and every request accounted for."""
+    time, every request accounted for, and with no [slo] the default error gate fails it (exit 1);
+    `[slo] max_error_ratio = 1.0` lets the same soak exit 0."""
     models = _models(tmp_path)
     out = tmp_path / "summary.json"
+    lenient = tmp_path / "lenient.toml"
+    lenient.write_text("[slo]\nmax_error_ratio = 1.0\n")
     t0 = time.monotonic()
     res = _run(
         tmp_path,
@@ -155,11 +162,29 @@ def test_sys_exit_in_forward_during_the_soak_is_counted_not_fatal(tmp_path: Path
         "--summary-json",
         str(out),
     )
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 1, res.stderr
     assert time.monotonic() - t0 < 40
     summary = json.loads(out.read_text())
     assert summary["requests"]["error"] > 0 and summary["requests"]["ok"] > 0
     assert res.stderr.count("model raised SystemExit") == 1
+    (gate,) = summary["slo"]["checks"]
+    assert gate["name"] == "error ratio (default)" and gate["limit"] == 0.01 and gate["status"] == "FAIL"
+    assert gate["observed"] == pytest.approx(summary["requests"]["error"] / sum(summary["requests"].values()))
+    assert "SLO verdict: MISSED (error ratio (default))" in res.stdout
+    again = _run(
+        tmp_path,
+        "--config",
+        str(lenient),
+        "--model",
+        f"python:{models}:exits",
+        "--input-shapes",
+        "4",
+        "--warmup",
+        "5",
+        "--duration",
+        "2s",
+    )
+    assert again.returncode == 0, again.stderr
 
 
 def test_sigterm_during_warmup_stops_promptly_without_ready(tmp_path: Path) -> None:

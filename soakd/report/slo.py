@@ -1,8 +1,12 @@
 """SLO checks on a summary (or a report): each check's name, limit, observed value and result.
 
 A check passes, fails, or cannot be judged (``passed`` None: e.g. no leak verdict yet for a
-series). Only a failed check fails the gate: an unjudged one is shown, not counted, because
-the ``min_duration`` check is what guards a run that was too short to judge.
+series). Only a failed check fails the gate: an unjudged leak check is shown, not counted,
+because the ``min_duration`` check is what guards a run that was too short to judge. A check on
+requests (latency, errors, throughput) with nothing measured fails: a gate never passes on nothing.
+
+Every gate has an error bound: without ``[slo] max_error_ratio`` the default one applies
+(DEFAULT_MAX_ERROR_RATIO, named "error ratio (default)"), as Locust fails a run with failed requests.
 """
 
 from __future__ import annotations
@@ -28,14 +32,27 @@ class Check:
         return {True: "pass", False: "FAIL", None: "n/a"}[self.passed]
 
 
-def _le(observed: float | None, limit: float) -> bool | None:
-    return None if observed is None else observed <= limit
+DEFAULT_MAX_ERROR_RATIO = 0.01  # requests not ok, when [slo] sets no bound of its own
+DEFAULT_ERROR_CHECK = "error ratio (default)"
+
+
+def _le(observed: float | None, limit: float) -> bool:
+    return observed is not None and observed <= limit
 
 
 def error_ratio(requests: dict[str, int]) -> float | None:
     """Share of requests that did not end ok (errors, timeouts, OOMs, bad input, dropped)."""
     total = sum(requests.values())
     return None if total == 0 else (total - requests.get("ok", 0)) / total
+
+
+def error_bound(slo: SloConfig) -> tuple[str, float] | None:
+    """The error gate in force: its check's name and limit; None when ``"none"`` turned it off."""
+    if slo.max_error_ratio == "none":
+        return None
+    if slo.max_error_ratio is None:
+        return DEFAULT_ERROR_CHECK, DEFAULT_MAX_ERROR_RATIO
+    return "error ratio", slo.max_error_ratio
 
 
 def check_slos(slo: SloConfig, summary: dict[str, Any]) -> list[Check]:
@@ -46,21 +63,15 @@ def check_slos(slo: SloConfig, summary: dict[str, Any]) -> list[Check]:
     for stage, limit in limits.items():
         observed = latency.get(stage, {}).get("p99")
         checks.append(Check(f"p99 {stage}", limit, observed, "<=", "ms", _le(observed, limit)))
-    if slo.max_error_ratio is not None:
+    bound = error_bound(slo)
+    if bound is not None:
+        name, limit = bound
         ratio = error_ratio(summary.get("requests", {}))
-        checks.append(Check("error ratio", slo.max_error_ratio, ratio, "<=", "", _le(ratio, slo.max_error_ratio)))
+        checks.append(Check(name, limit, ratio, "<=", "", _le(ratio, limit)))
     if slo.min_throughput_rps is not None:
         rps = summary.get("throughput_rps")
-        checks.append(
-            Check(
-                "throughput",
-                slo.min_throughput_rps,
-                rps,
-                ">=",
-                "req/s",
-                None if rps is None else rps >= slo.min_throughput_rps,
-            )
-        )
+        passed = rps is not None and rps >= slo.min_throughput_rps
+        checks.append(Check("throughput", slo.min_throughput_rps, rps, ">=", "req/s", passed))
     if slo.min_duration is not None:
         dur = summary.get("run_duration_seconds", summary.get("duration_seconds"))
         checks.append(
@@ -89,7 +100,7 @@ def slo_block(slo: SloConfig, summary: dict[str, Any]) -> dict[str, Any]:
 def format_observed(check: dict[str, Any]) -> str:
     v = check.get("observed")
     if v is None:
-        return "-"
+        return "nothing measured" if check.get("status") == "FAIL" else "-"
     if isinstance(v, float):
         return with_unit(v, str(check.get("unit", "")))
     return str(v)

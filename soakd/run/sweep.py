@@ -27,9 +27,10 @@ from typing import Any, TextIO
 import psutil
 import torch
 
-from soakd.config import Config, ConfigError, parse_duration
+from soakd.config import Config, ConfigError, SloConfig, parse_duration
 from soakd.load.engine import Engine, EngineStats
 from soakd.models.loader import LoadedModel
+from soakd.report.slo import error_bound, error_ratio
 from soakd.run import steps as shared
 from soakd.run.stop import StopFlag
 from soakd.summary import write_json_atomic
@@ -325,9 +326,20 @@ def step_figures(index: int, r: StepResult) -> dict[str, Any]:
             "model_busy_ratio": round(min(1.0, model_busy), 4),
             "preprocess_busy_ratio": round(min(1.0, pre_busy), 4) if "preprocess" in b.stats.stages else None,
             "requests": {k: v for k, v in requests.items() if v},
+            "error_ratio": error_ratio(requests),
         }
     )
     return out
+
+
+def judge_errors(steps: list[dict[str, Any]], slo: SloConfig) -> None:
+    """Each step's ``error_gate``: pass or FAIL against the error bound in force (the default 1%
+    without ``[slo] max_error_ratio``); a step that measured nothing fails. A failing step is
+    never recommended."""
+    bound = error_bound(slo)
+    for s in steps:
+        ratio = s["error_ratio"]
+        s["error_gate"] = None if bound is None else "pass" if ratio is not None and ratio <= bound[1] else "FAIL"
 
 
 def find_knee(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -360,8 +372,11 @@ def recommend(
     ``prefer_stable``: a step that never settled within --max-step is only chosen when no stable
     one meets the SLO. Fixed-duration steps are too short for that to mean much, so there the
     fastest step wins and is only flagged."""
+    steps = [s for s in steps if s.get("error_gate") != "FAIL"]
+    if not steps:
+        return None
     if slo_p99_ms is None:
-        if knee is not None:
+        if knee is not None and any(s["index"] == knee["index"] for s in steps):
             return {**knee, "reason": "no SLO given: the knee"}
         best = max(steps, key=lambda s: s["throughput_rps"])
         return {**_brief(best), "reason": "no SLO given and no knee: the highest throughput"}
@@ -396,15 +411,24 @@ def print_table(result: dict[str, Any], out: TextIO) -> None:
             f"{s['index']:>4} {s[mode]:>7g} {s['max_batch_size']:>4} {s['throughput_rps']:>10.1f} "
             f"{_cell(s['p50_ms'], '9.2f')} {_cell(s['p90_ms'], '9.2f')} {_cell(s['p99_ms'], '9.2f')} "
             f"{s['mean_batch_size']:>6.2f} {s['peak_host_rss_bytes'] / 2**20:>8.0f} {_cell(gpu, '8.0f'):>8} "
-            f"{'yes' if s['stable'] else 'NO':>6}  {s['bottleneck']}",
+            f"{'yes' if s['stable'] else 'NO':>6}  {s['bottleneck']}{_error_note(s)}",
             file=out,
         )
     knee, rec = result["knee"], result["recommendation"]
     print(f"knee: {_describe(knee, mode) if knee else 'none (p99 never rose sharply)'}", file=out)
     if rec is not None:
         print(f"recommendation: {_describe(rec, mode)} — {rec['reason']}", file=out)
+    elif result["slo_p99_ms"] is not None:
+        print(f"recommendation: none — no step met p99 <= {result['slo_p99_ms']} ms and the error gate", file=out)
     else:
-        print(f"recommendation: none — no step met p99 <= {result['slo_p99_ms']} ms", file=out)
+        print("recommendation: none — every step failed the error gate", file=out)
+
+
+def _error_note(step: dict[str, Any]) -> str:
+    if step.get("error_gate") != "FAIL":
+        return ""
+    ratio = step["error_ratio"]
+    return "  (nothing measured: error gate FAIL)" if ratio is None else f"  ({ratio:.1%} not ok: error gate FAIL)"
 
 
 def _describe(s: dict[str, Any], mode: str) -> str:
@@ -479,6 +503,7 @@ def _sweep(
         )
     if not steps:
         return 130  # interrupted before any step finished (128 + SIGINT)
+    judge_errors(steps, cfg.slo)
     knee = find_knee(steps if sweep.one_axis else sorted(steps, key=lambda s: s["throughput_rps"]))
     rec = recommend(steps, sweep.slo_p99_ms, knee, prefer_stable=sweep.step_duration is None)
     run_id = shared.new_run_id()
@@ -502,4 +527,4 @@ def _sweep(
         write_json_atomic(ns.json_out, result)
         log.info("sweep written to %s", ns.json_out)
     print_table(result, out)
-    return 1 if sweep.slo_p99_ms is not None and rec is None else 0
+    return 1 if rec is None else 0
