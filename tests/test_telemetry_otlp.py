@@ -22,7 +22,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.sdk.resources import Resource
 
 from soakd.telemetry.catalogue import Metrics
-from soakd.telemetry.otlp import RegistryBridge, build_resource, otlp_wanted
+from soakd.telemetry.otlp import RegistryBridge, build_resource
+from soakd.telemetry.otlp_env import otlp_wanted
 from tests.conftest import free_port, wait_for
 
 

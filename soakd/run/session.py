@@ -18,8 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-import torch
-
 import soakd
 from soakd.allocator import CpuFaults, fault_warning
 from soakd.analysis.monitor import LeakMonitor, monitor_for_run
@@ -28,10 +26,10 @@ from soakd.endpoints import EndpointServer
 from soakd.errors import Exit, RunFailed
 from soakd.load.engine import Engine, EngineStats
 from soakd.load.phases import PhaseScheduler
-from soakd.models.loader import LoadedModel
 from soakd.run import steps
 from soakd.run.health import Health
 from soakd.run.lifecycle import Lifecycle
+from soakd.run.prepare import Preparation, prepare
 from soakd.run.status import status_document
 from soakd.run.stop import StopFlag
 from soakd.run.summary import build_summary, print_summary, status_line
@@ -39,10 +37,9 @@ from soakd.run.verdict import conclude
 from soakd.run.windows import Delta, StoreWindow, WindowRecorder, window_length
 from soakd.summary import write_json_atomic
 from soakd.targets.base import AnyTarget
-from soakd.targets.client import ClientTarget
 from soakd.targets.local import LocalModelTarget
 from soakd.telemetry.catalogue import Metrics
-from soakd.telemetry.pipeline import Telemetry, cuda_devices, resource_attributes, run_samplers
+from soakd.telemetry.pipeline import Telemetry, resource_attributes, run_samplers
 from soakd.telemetry.series import SeriesStore
 from soakd.telemetry.watched import UnitResolver, resolve_units
 from soakd.workload.sources import RequestSource
@@ -107,7 +104,7 @@ class RunSession:
             # sd_notify, the log file and SIGHUP.
             self.life = Lifecycle.open(self.cfg, m, steps.new_run_id)
             self.life.on_phase.append(self._on_phase)
-            return self._run_loaded(self.life)
+            return self._run_target(self.life)
         finally:
             restore()
             server.close()
@@ -118,80 +115,45 @@ class RunSession:
         if phase == "draining":
             self.health.stopping = True
 
-    def _run_loaded(self, life: Lifecycle) -> int:
+    def _run_target(self, life: Lifecycle) -> int:
+        """One path for every target: open it (load or connect), then telemetry, warm-up, soak."""
         # An unknown --watch-unit is exit 2 naming it, before a model loads or a target connects.
         self.units = resolve_units(self.cfg.target.watch_unit)
-        if self.cfg.target.url is not None:
-            return self._run_network(life)
-        cfg = self.cfg
-        model, target = steps.load_target(cfg, self.metrics)
+        prep = prepare(self.cfg, self.metrics, self.health)
+        self.target_summary = prep.summary
         try:
             if self.stop.event.is_set():
-                return self._stopped_early(life, "loading")
-            cuda_index = cuda_devices(model.device)[0] if model.device.type == "cuda" else None
-            return self._with_telemetry(
-                life,
-                model.device,
-                cuda_index,
-                cfg.model.spec,
-                lambda series, telemetry: self._soak_loaded(life, model, target, series, telemetry),
-            )
+                return self._stopped_early(life, prep.opening)
+            return self._with_telemetry(life, prep)
         finally:
-            target.close()
+            prep.close()
 
-    def _run_network(self, life: Lifecycle) -> int:
-        """A served model: open the client and check the URL instead of loading a model."""
-        cfg = self.cfg
-        self.health.starting = "starting: connecting to and warming up the target"
-        early = steps.read_inputs(cfg)  # no bodies or prompts: exit 2 before anything connects
-        target, connect_s = steps.open_network_target(cfg, self.metrics)
-        self.health.target_down = target.down_reason
-        self.target_summary = target.summary
-        try:
-            source = steps.network_source(cfg, target, early)
-            if self.stop.event.is_set():
-                return self._stopped_early(life, "connecting")
-            return self._with_telemetry(
-                life,
-                torch.device("cpu"),
-                None,
-                target.spec,
-                lambda series, telemetry: self._soak_network(life, target, source, connect_s, series, telemetry),
-            )
-        finally:
-            target.close()
-
-    def _with_telemetry(
-        self,
-        life: Lifecycle,
-        device: torch.device,
-        cuda_index: int | None,
-        label: str,
-        soak: Callable[[SeriesStore, Telemetry], int],
-    ) -> int:
-        """Samplers, the series ring and the leak monitor around ``soak``."""
+    def _with_telemetry(self, life: Lifecycle, prep: Preparation) -> int:
+        """Samplers, the series ring and the leak monitor around the warm-up and the soak."""
         cfg = self.cfg
         series = SeriesStore(capacity=cfg.memory.ring_size)
         life.watch_series(series)  # a durable copy of every sample in the state store
         telemetry = Telemetry(
             cfg,
             self.metrics,
-            run_samplers(cfg, self.metrics, series, device, self.units),
-            resource_attributes=resource_attributes(device, {"soakd.run_id": life.run_id, "soakd.model": label}),
+            run_samplers(cfg, self.metrics, series, prep.device, self.units),
+            resource_attributes=resource_attributes(
+                prep.device, {"soakd.run_id": life.run_id, "soakd.model": prep.label}
+            ),
         )
         # Leak verdicts judged from `series` on the telemetry scheduler; each flip is one event.
         self.leak = monitor_for_run(
             cfg,
             self.metrics,
             series,
-            cuda_index,
+            prep.cuda_index,
             on_event=lambda kind, detail: life.event(kind, json.dumps(detail, default=str)),
         )
         self.leak.open()
         telemetry.scheduler.add_task("leak", self.leak.evaluate, cfg.leak.evaluate_interval)
         telemetry.start()
         try:
-            return soak(series, telemetry)
+            return self._warm_and_soak(life, prep, series, telemetry)
         finally:
             telemetry.stop()
             self.leak.close()
@@ -201,49 +163,22 @@ class RunSession:
         life.end_segment(f"{self.stop.name} during {during}", finished=False)
         return Exit.OK
 
-    def _soak_loaded(
-        self, life: Lifecycle, model: LoadedModel, target: LocalModelTarget, series: SeriesStore, telemetry: Telemetry
-    ) -> int:
-        cfg, m = self.cfg, self.metrics
-        source = steps.request_source(cfg, model)
+    def _warm_and_soak(self, life: Lifecycle, prep: Preparation, series: SeriesStore, telemetry: Telemetry) -> int:
+        source = prep.source()
         life.set_phase("warmup")
-        warm = steps.warm_up(cfg, target, source, cfg.batcher.max_batch_size, self.stop.event, m)
+        warm = prep.warm_up(source, self.stop.event)
         if warm.stopped or self.stop.event.is_set():
             return self._stopped_early(life, "warm-up")
-        offline = steps.probe_offline(cfg, target, source, self.stop.event, m)
+        offline = prep.probe_offline(source, self.stop.event)
         if self.stop.event.is_set():
             return self._stopped_early(life, "the offline probe")
         self.offline_rps = offline["rps"] if offline and offline["rps"] > 0 else None
         if offline is not None and "page_faults_per_call" in offline:
             probe_faults = self._probe_faults = offline["page_faults_per_call"]
             self._faults_warned = fault_warning(probe_faults, offline["kernel_time_ratio"]) is not None
-        run_fp = steps.run_fingerprint(cfg, life.run_id, model)
-        steps.export_run_info(m, life.run_id, cfg, model, run_fp)
-        return self._soak(
-            life,
-            _Prepared(target, source, run_fp, steps.cold_start(model, warm, cfg.model.warmup), offline),
-            series,
-            telemetry,
-        )
-
-    def _soak_network(
-        self,
-        life: Lifecycle,
-        target: ClientTarget,
-        source: RequestSource,
-        connect_s: float,
-        series: SeriesStore,
-        telemetry: Telemetry,
-    ) -> int:
-        cfg, m = self.cfg, self.metrics
-        life.set_phase("warmup")
-        warm = steps.warm_up_target(cfg, target, source, self.stop.event, m)
-        if warm.stopped or self.stop.event.is_set():
-            return self._stopped_early(life, "warm-up")
-        run_fp = steps.target_fingerprint(cfg, life.run_id)
-        steps.export_target_run_info(m, life.run_id, cfg, run_fp)
-        cold = steps.target_cold_start(connect_s, warm, cfg.model.warmup)
-        return self._soak(life, _Prepared(target, source, run_fp, cold, None, target.summary), series, telemetry)
+        run_fp = prep.fingerprint(life.run_id)
+        ready = _Prepared(prep.target, source, run_fp, prep.cold_start(warm), offline, self.target_summary)
+        return self._soak(life, ready, series, telemetry)
 
     def _soak(self, life: Lifecycle, prep: _Prepared, series: SeriesStore, telemetry: Telemetry) -> int:
         """The measured part, the same for every target: engine, phases, ticks, drain, summary."""

@@ -19,10 +19,7 @@ from soakd.fingerprint import fingerprint
 from soakd.models.loader import LoadedModel, load_model
 from soakd.targets.base import WarmupResult
 from soakd.targets.client import ClientTarget
-from soakd.targets.http import HttpTarget
-from soakd.targets.kserve import KServeGrpcTarget, KServeRestTarget, V2Model, kserve_target
 from soakd.targets.local import LocalModelTarget
-from soakd.targets.openai import OpenAITarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.workload.bodies import BodySource
 from soakd.workload.prompts import PromptSource
@@ -182,12 +179,20 @@ def export_run_info(metrics: Metrics, run_id: str, cfg: Config, model: LoadedMod
 OPEN_LOOP_CONNECTIONS = 256  # open loop's default pool: past it, requests wait (the queue stage)
 
 
+# Each protocol's module is imported by its builder, only when --api names it: aiohttp, grpc and
+# tritonclient cost start-up time, and an image without them (the GPU check's) still runs a model.
+
+
 def _http_target(cfg: Config, metrics: Metrics, limit: int) -> ClientTarget:
+    from soakd.targets.http import HttpTarget  # only for --api http (see above)
+
     assert cfg.target.url is not None
     return HttpTarget(cfg.target.url, metrics, max_connections=limit, timeout=cfg.target.timeout)
 
 
 def _openai_target(cfg: Config, metrics: Metrics, limit: int) -> ClientTarget:
+    from soakd.targets.openai import OpenAITarget  # only for --api openai (see above)
+
     tg = cfg.target
     assert tg.url is not None
     return OpenAITarget(
@@ -205,6 +210,8 @@ def _openai_target(cfg: Config, metrics: Metrics, limit: int) -> ClientTarget:
 
 
 def _kserve_target(cfg: Config, metrics: Metrics, limit: int) -> ClientTarget:
+    from soakd.targets.kserve import V2Model, kserve_target  # only for --api kserve-v2 (see above)
+
     tg = cfg.target
     assert tg.url is not None and tg.model is not None  # config validation requires both
     model = V2Model(tg.url, tg.model, cfg.input.shapes, tg.datatype, samples=cfg.input.samples is not None)
@@ -265,13 +272,19 @@ def network_source(cfg: Config, target: ClientTarget, early: BodySource | Prompt
     if isinstance(early, PromptSource):
         return early
     bodies = early
-    if isinstance(target, KServeGrpcTarget | KServeRestTarget) and bodies is None:
+    if target.api != "kserve-v2":
+        assert bodies is not None  # config validation requires --samples for --api http
+        return bodies
+    # A kserve-v2 target exists, so its module is loaded already: this import costs nothing.
+    from soakd.targets.kserve import KServeGrpcTarget, KServeRestTarget
+
+    assert isinstance(target, KServeGrpcTarget | KServeRestTarget)
+    if bodies is None:
         v2 = target.model.input
         assert v2 is not None  # settled by the start check
         source = ShapeSource(v2.spec, pool=cfg.input.pool, seed=cfg.load.seed, encode=target.encode)
         log.info("%d pooled %s tensors per shape of %s, for input %r", cfg.input.pool, v2.datatype, v2.spec, v2.name)
         return source
-    assert bodies is not None
     if isinstance(target, KServeGrpcTarget):
         bodies.encode(target.encode_body)
     return bodies

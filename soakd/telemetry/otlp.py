@@ -48,9 +48,6 @@ import soakd
 SHUTDOWN_DEADLINE_S = 2.0  # each OTLP step at exit; with the drain, exit stays under 15 s by default
 log = logging.getLogger("soakd.otlp")
 
-_GENERIC = "OTEL_EXPORTER_OTLP_ENDPOINT"
-_METRICS = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
-_TRACES = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 
 # The exporters log every failed export (two lines each, every export interval): a collector down
 # for a day would flood the journal. Their loggers get a filter that lets one record per logger
@@ -101,16 +98,6 @@ _UNITS = (
     ("_joules", "J"),
     ("_celsius", "Cel"),
 )
-
-
-def otlp_wanted(enabled: bool | None, environ: Mapping[str, str] = os.environ) -> tuple[bool, bool]:
-    """(metrics, traces): config ``otel.enabled`` when set, else on where an endpoint variable is set."""
-    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true" or enabled is False:
-        return False, False
-    if enabled:
-        return True, True
-    generic = bool(environ.get(_GENERIC))
-    return generic or bool(environ.get(_METRICS)), generic or bool(environ.get(_TRACES))
 
 
 def build_resource(extra: Mapping[str, Any]) -> Resource:

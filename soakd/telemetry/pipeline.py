@@ -15,6 +15,7 @@ from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.gc_stats import GcSampler
 from soakd.telemetry.host import HostSampler, MallocSampler, TracemallocSampler, UssSampler
 from soakd.telemetry.nvml import NvmlSampler
+from soakd.telemetry.otlp_env import otlp_wanted
 from soakd.telemetry.scheduler import Sampler, SamplerScheduler
 from soakd.telemetry.scrape import ScrapeSampler
 from soakd.telemetry.series import SeriesStore
@@ -132,13 +133,11 @@ class Telemetry:
         self._start_otlp()
 
     def _start_otlp(self) -> None:
-        # The OpenTelemetry SDK loads only for runs that push OTLP (it costs ~0.3 s at start).
-        from soakd.telemetry.otlp import otlp_wanted
-
         want_metrics, want_traces = otlp_wanted(self.cfg.otel.enabled)
         if not (want_metrics or want_traces):
             return
-        # Imported only when wanted: the exporters pull in requests and protobuf.
+        # The OpenTelemetry SDK loads only for runs that push OTLP (~0.3 s at start; the exporters
+        # pull in requests and protobuf): a GPU image without it still runs every other soak.
         from soakd.telemetry.otlp import BatchTracer, RegistryBridge, RepeatFilter, build_resource
 
         self._log_filter = RepeatFilter()
