@@ -17,19 +17,41 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests import tiers
+from tests.tiers import hold_to_tier  # noqa: F401  (an autouse fixture: every test is held to its tier)
+
 REPO = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
+
+
+CLOCK = tiers.TierClock()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
 
+    tiers.assign(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if item.get_closest_marker("gpu") is not None:  # not `in item.keywords`: a checkout named gpu/
             item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    item_tier = next((t for t in tiers.TIERS if t in report.keywords), "unit")
+    CLOCK.seconds[item_tier] += report.duration
+    CLOCK.counts[item_tier] += int(report.when == "call")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Each tier's count and summed test time (setup, call and teardown), after the summary."""
+    if not any(CLOCK.counts.values()):
+        return
+    terminalreporter.section("time per tier")
+    for t in tiers.TIERS:
+        terminalreporter.write_line(f"{t:<12} {CLOCK.counts[t]:>4} tests  {CLOCK.seconds[t]:8.1f} s")
 
 
 @pytest.fixture(autouse=True)

@@ -73,6 +73,7 @@ def _alive(pid: int) -> bool:
     return "\nState:\tZ" not in state
 
 
+@pytest.mark.e2e  # the code under test starts a process
 def test_a_step_past_its_timeout_is_killed_with_its_children(tmp_path: Path) -> None:
     """The step and the process it started are both gone soon after the timeout; status timeout."""
     pidfile = tmp_path / "child.pid"
@@ -99,6 +100,7 @@ def test_a_step_past_its_timeout_is_killed_with_its_children(tmp_path: Path) -> 
     assert not _alive(child)
 
 
+@pytest.mark.e2e  # the code under test starts a process
 def test_a_failing_and_a_stuck_step_are_recorded_and_the_next_steps_still_run(tmp_path: Path) -> None:
     """Statuses timeout, failed (exit 1), failed (a false check), passed; exit 1; one log section each."""
     steps = [
@@ -140,6 +142,7 @@ def test_a_failing_and_a_stuck_step_are_recorded_and_the_next_steps_still_run(tm
     assert "| claim | x is 2 | no |" in md
 
 
+@pytest.mark.e2e  # the code under test starts a process
 def test_steps_past_the_budget_are_skipped_not_started(tmp_path: Path) -> None:
     """A budget spent by the first step: the next is skipped with that reason."""
     steps = [gpu_check.Step("slow", "sleeps", 30), gpu_check.Step("next", "never starts", 30)]

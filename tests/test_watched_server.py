@@ -73,6 +73,7 @@ def bodies(tmp_path: Path) -> Path:
 # ------------------------------------------------------------------ the unit resolver
 
 
+@pytest.mark.e2e  # the code under test starts a process
 def test_resolver_reads_main_pid_and_refuses_unknown_units(systemd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (systemd / "vllm.service").write_text("4242")
     (systemd / "stopped.service").write_text("0")

@@ -1,0 +1,76 @@
+"""A soak of a model in process loads no network client, gRPC stub or OpenTelemetry SDK: the GPU
+check's image has none of them (issue #36), and each costs start-up time. End-to-end: a fresh
+interpreter runs ``soakd run`` and ``soakd sweep`` and reports what it imported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.e2e
+
+HEAVY = ("aiohttp", "grpc", "tritonclient", "rapidjson", "opentelemetry")
+
+PROBE = """
+import json, runpy, sys
+args, heavy = json.loads(sys.argv[1]), set(json.loads(sys.argv[2]))
+sys.argv = ["soakd", *args]
+code = 0
+try:
+    runpy.run_module("soakd", run_name="__main__")
+except SystemExit as exc:
+    code = exc.code
+print("PROBE", json.dumps({"rc": code, "loaded": sorted({m.split(".")[0] for m in sys.modules} & heavy)}))
+"""
+
+
+def _imports_of(tmp_path: Path, *args: str) -> dict[str, object]:
+    """Run ``soakd ARGS`` in a fresh interpreter; its exit code and which HEAVY packages it loaded."""
+    probe = [sys.executable, "-c", PROBE, json.dumps(list(args)), json.dumps(HEAVY)]
+    res = subprocess.run(probe, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    line = [x for x in res.stdout.splitlines() if x.startswith("PROBE ")]
+    assert line, res.stdout + res.stderr
+    return json.loads(line[-1][len("PROBE ") :])  # type: ignore[no-any-return]
+
+
+def test_a_builtin_soak_imports_no_protocol_client(tmp_path: Path) -> None:
+    """`soakd run --model builtin:noop` finishes (exit 0) without importing aiohttp, grpc,
+    tritonclient, rapidjson or the OpenTelemetry SDK."""
+    got = _imports_of(
+        tmp_path,
+        "run",
+        "--model",
+        "builtin:noop",
+        "--duration",
+        "1s",
+        "--warmup",
+        "2",
+        "--metrics-addr",
+        f"127.0.0.1:{free_port()}",
+        "--state-dir",
+        str(tmp_path / "state"),
+    )
+    assert got == {"rc": 0, "loaded": []}
+
+
+def test_a_sweep_imports_no_protocol_client(tmp_path: Path) -> None:
+    """`soakd sweep` of a builtin model also starts without the protocol modules."""
+    got = _imports_of(
+        tmp_path,
+        "sweep",
+        "--model",
+        "builtin:noop",
+        "--concurrency",
+        "1,2",
+        "--step-duration",
+        "1s",
+        "--warmup",
+        "2",
+    )
+    assert got == {"rc": 0, "loaded": []}
