@@ -10,6 +10,8 @@ the blocks. Torch-free, so bench/limit.py's parent can import it.
 
 from __future__ import annotations
 
+import ctypes
+import os
 import resource
 from dataclasses import dataclass
 
@@ -22,6 +24,12 @@ GLIBC_KEEP_BLOCKS = {
 }
 # jemalloc (LD_PRELOAD): blocks above oversize_threshold (8 MB) otherwise go to an arena purged at once.
 JEMALLOC_KEEP_BLOCKS = "oversize_threshold:0,dirty_decay_ms:-1"
+
+# mallopt(3) parameters for the same settings, applied in process: glibc reads the MALLOC_*
+# variables only when the process starts.
+_MALLOPT = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_MMAP_THRESHOLD_": -3, "MALLOC_ARENA_MAX": -8}
+
+ALLOCATOR_DOC = "docs/model-threads.md#3-the-allocator-behind-the-model"
 
 PAGE_BYTES = resource.getpagesize()
 # Warn when each call faults in at least this much fresh memory while the process spends this
@@ -56,11 +64,26 @@ def fault_warning(faults_per_call: float, kernel_share: float) -> str | None:
     faulted = faults_per_call * PAGE_BYTES
     if faulted < FAULT_WARN_BYTES or kernel_share < KERNEL_WARN_RATIO:
         return None
-    glibc = " ".join(f"{k}={v}" for k, v in GLIBC_KEEP_BLOCKS.items())
     return (
-        f"the model page-faults {faults_per_call:.0f} times a call ({faulted / 1e6:.1f} MB a call comes back "
-        f"from the kernel, zeroed) and the process spends {100 * kernel_share:.0f}% of its CPU time in the "
-        "kernel: its throughput here is set by the memory allocator, not by the model or soakd. Soak it under "
-        "the allocator settings production will use; one that keeps large blocks removes the faults "
-        f"(glibc: {glibc}; jemalloc via LD_PRELOAD: MALLOC_CONF={JEMALLOC_KEEP_BLOCKS}); see docs/model-threads.md"
+        f"the model page-faults {faults_per_call:.0f} times a call ({faulted / 1e6:.1f} MB from the kernel, zeroed; "
+        f"{100 * kernel_share:.0f}% of CPU time in the kernel): its pace here is set by the memory allocator, not "
+        f"by the model or soakd; {ALLOCATOR_DOC} says which allocator settings keep the blocks"
     )
+
+
+def keep_large_blocks() -> str | None:
+    """Set GLIBC_KEEP_BLOCKS in this process with mallopt(3), for soakd's own demo model: the
+    builtin ConvNet's activations otherwise fault in afresh on every call and its pace is glibc's
+    (docs/model-threads.md). Call it before the model's threads start, so they share the main
+    arena. The settings applied, as variables, or None where the C library has no mallopt or
+    the environment already sets them (the user's allocator is theirs to choose)."""
+    if any(k in os.environ for k in GLIBC_KEEP_BLOCKS) or "LD_PRELOAD" in os.environ:
+        return None
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # glibc; musl and macOS have none
+    except (AttributeError, OSError):
+        return None
+    for name, value in GLIBC_KEEP_BLOCKS.items():
+        if mallopt(_MALLOPT[name], min(int(value), 2**31 - 1)) != 1:  # mallopt takes a C int
+            return None
+    return " ".join(f"{k}={v}" for k, v in GLIBC_KEEP_BLOCKS.items())

@@ -210,6 +210,9 @@ def test_a_model_bound_by_page_faults_is_named_in_a_warning(tmp_path: Path, case
         assert off["kernel_time_ratio"] > 0.2
         assert "the model page-faults" in res.stderr and "set by the memory allocator" in res.stderr
         assert res.stderr.count("page-faults") == 1, "said by the probe, not again by the soak"
+        (line,) = [x for x in res.stderr.splitlines() if "page-faults" in x]
+        assert "docs/model-threads.md" in line and len(line) < 400, "one line, with where to read on"
+        assert "set by the memory allocator" in off["allocator_warning"]
     else:
         assert off["page_faults_per_call"] < 100
     if case == "one buffer kept":
@@ -222,3 +225,25 @@ def test_a_model_bound_by_page_faults_is_named_in_a_warning(tmp_path: Path, case
         warning = next(line for line in res.stderr.splitlines() if "page-faults" in line)
         assert "during the soak (alone, in the offline probe: " in warning, warning
         assert "the model page-faults" in warning and "set by the memory allocator" in warning
+        assert off["allocator_warning"] in warning
+
+
+def test_the_demo_runs_calm_and_says_its_allocator_in_one_line(tmp_path: Path) -> None:
+    """`make demo`'s command, shortened: the builtin ConvNet runs with glibc keeping large blocks,
+    said in one line, and no page-fault warning follows; the run passes its default gate."""
+    summary = tmp_path / "summary.json"
+    res = subprocess.run(
+        soakd_cmd(
+            "run", "--duration", "3s", "--warmup", "10", "--metrics-addr", "127.0.0.1:0", "--summary-json", str(summary)
+        ),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    said = [line for line in res.stderr.splitlines() if "keeping large blocks" in line]
+    assert len(said) == 1 and "MALLOC_ARENA_MAX=1" in said[0] and "docs/model-threads.md" in said[0], res.stderr
+    assert "page-faults" not in res.stderr
+    off = json.loads(summary.read_text())["model_offline"]
+    assert off["page_faults_per_call"] * 4096 < (1 << 20), off  # under the warning's bound, measured
+    assert "allocator_warning" not in off

@@ -84,6 +84,7 @@ class RunSession:
         self.target_summary: Callable[[], dict[str, Any]] | None = None  # a network target's /status block
         self._overhead_warned = False
         self._faults_warned = False  # by the probe (steps.probe_offline) or by the soak
+        self._fault_warning: str | None = None  # the soak's own, for the summary
         self._probe_faults: float | None = None
         self._faults_at: tuple[EngineStats, CpuFaults] | None = None  # the last fault check's moment
         self._overload_ticks = 0
@@ -93,6 +94,7 @@ class RunSession:
     # ------------------------------------------------------------------ the whole run
 
     def run(self) -> int:
+        steps.demo_allocator(self.cfg)  # before the first thread (the metrics server) starts
         m = self.metrics
         m.build_info.labels(soakd.__version__).set(1)
         server = EndpointServer(self.cfg.metrics.addr, m.registry, health=self.health, status=self.status)
@@ -235,6 +237,8 @@ class RunSession:
             )
             faults, kernel = self._notice_faults(soak_start, (stats, CpuFaults.now()))
             offline["soak_page_faults_per_call"] = round(faults, 1)
+            if self._fault_warning is not None:
+                offline.setdefault("allocator_warning", self._fault_warning)
             offline["soak_kernel_time_ratio"] = round(kernel, 4)
         verdicts = self.leak.verdicts() if self.leak is not None else {}
         summary = build_summary(
@@ -319,7 +323,8 @@ class RunSession:
             self._faults_warned = True
             probe = self._probe_faults
             alone = "" if probe is None else f" (alone, in the offline probe: {probe:.0f} faults a call)"
-            log.warning("during the soak%s, %s", alone, warning)
+            self._fault_warning = f"during the soak{alone}, {warning}"
+            log.warning("%s", self._fault_warning)
         return faults, kernel
 
     def _notice_overload(self, win: Delta, stats: EngineStats) -> None:

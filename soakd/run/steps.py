@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from soakd.allocator import fault_warning
+from soakd.allocator import ALLOCATOR_DOC, fault_warning, keep_large_blocks
 from soakd.config import Config
 from soakd.fingerprint import fingerprint
 from soakd.models.loader import LoadedModel, load_model
@@ -27,6 +27,23 @@ from soakd.workload.shapes import ShapeSource
 from soakd.workload.sources import RequestSource, build_source
 
 log = logging.getLogger("soakd")
+
+
+DEMO_MODEL = "builtin:convnet"  # the default model: what `make demo` and a bare `soakd run` soak
+
+
+def demo_allocator(cfg: Config) -> None:
+    """soakd's own demo model runs at its honest pace: with glibc keeping large blocks (set in
+    process, before any model thread starts), its activations stop faulting in afresh on every
+    call, which otherwise makes glibc, not the model, set the pace (docs/model-threads.md).
+    A user's model runs under whatever allocator soakd was started with."""
+    if cfg.model.spec != DEMO_MODEL or cfg.target.url is not None:
+        return
+    applied = keep_large_blocks()
+    if applied is not None:
+        log.info(  # one line, said once: the demo's own setting, not advice about the user's model
+            "%s (the demo model) runs with glibc keeping large blocks: %s (%s)", DEMO_MODEL, applied, ALLOCATOR_DOC
+        )
 
 
 def new_run_id() -> str:
@@ -140,6 +157,7 @@ def probe_offline(
         warning = fault_warning(probe.page_faults_per_call, probe.kernel_share)
         if warning is not None:
             log.warning("%s", warning)
+            out["allocator_warning"] = warning
     return out
 
 

@@ -444,6 +444,7 @@ def sweep_command(cfg: Config, ns: argparse.Namespace, out: TextIO = sys.stdout)
     sweep = plan(cfg, ns)
     if cfg.target.url is not None:
         return _sweep_network(cfg, ns, sweep, out)
+    shared.demo_allocator(cfg)  # before the model's threads start
     model, target = shared.load_target(cfg)
     try:
         biggest = max(s["max_batch_size"] for s in sweep.steps)

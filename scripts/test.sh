@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The README's test command (`make test`): the three tiers in turn, cheapest first, each timed
+# (tests/tiers.py says what each holds). Extra arguments go to every pytest call, e.g.
+# `scripts/test.sh -k leak`. The end-to-end tier waits mostly on its subprocesses' clocks, so it
+# runs on SOAKD_TEST_JOBS workers (3 by default on this 2-core machine; 1 turns xdist off), each
+# test module on one worker so a module's shared server starts once.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${VENV:-.venv}/bin/python
+JOBS=${SOAKD_TEST_JOBS:-3}
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+status=0
+for tier in unit integration e2e; do
+  args=(-m "$tier" --junitxml "$out/$tier.xml")
+  if [ "$tier" = e2e ] && [ "$JOBS" -gt 1 ]; then
+    args+=(-n "$JOBS" --dist loadfile)
+  fi
+  echo "== $tier tests"
+  start=$(date +%s)
+  "$PY" -m pytest -q -p no:cacheprovider "${args[@]}" "$@"
+  rc=$?
+  echo "$(( $(date +%s) - start ))" > "$out/$tier.seconds"
+  case $rc in
+    0 | 5) ;;  # 5: nothing selected in this tier (say, -k narrowed it away)
+    *) status=1 ;;
+  esac
+done
+# One closing table and one closing line over the three tiers, from their JUnit files.
+"$PY" - "$out" <<'EOF'
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+out = Path(sys.argv[1])
+total = {"passed": 0, "failed": 0, "skipped": 0}
+print("\n== time per tier (wall clock)")
+for tier in ("unit", "integration", "e2e"):
+    xml, secs = out / f"{tier}.xml", out / f"{tier}.seconds"
+    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    if xml.exists():
+        for suite in ET.parse(xml).getroot().iter("testsuite"):
+            for k in counts:
+                counts[k] += int(suite.get(k, 0))
+    failed = counts["failures"] + counts["errors"]
+    passed = counts["tests"] - failed - counts["skipped"]
+    total["passed"] += passed
+    total["failed"] += failed
+    total["skipped"] += counts["skipped"]
+    seconds = secs.read_text().strip() if secs.exists() else "?"
+    print(f"{tier:<12} {seconds:>5} s  {passed} passed, {failed} failed, {counts['skipped']} skipped")
+print(f"tests: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
+EOF
+exit $status
