@@ -74,8 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, (key, kw) in RUN_FLAGS.items():
         run.add_argument(flag, dest=key, default=None, help=f"overrides {key}", **kw)
 
-    check = sub.add_parser("check-config", help="validate a config file without running")
+    check = sub.add_parser(
+        "check-config", help="validate a config file without running (the same answer on every machine)"
+    )
     check.add_argument("file", metavar="FILE")
+    check.add_argument(
+        "--host",
+        action="store_true",
+        help="also check the bounds of this host (its RAM for soakd's buffers, its cores for model threads), "
+        "as `soakd run` does before it loads anything",
+    )
 
     # ---- sweep (issue: production-like requests): flags owned by soakd/analysis/sweep.py
     sweep = sub.add_parser("sweep", help="step through load settings; find the knee and the best setting")
@@ -214,7 +222,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if command == "check-config":
             cfg = load_config(ns.file)
-            print(f"{ns.file}: ok")
+            if ns.host:
+                from soakd.host_limits import check_host  # lazy: only the subcommand's own modules load
+
+                check_host(cfg)
+            print(f"{ns.file}: ok{' on this host' if ns.host else ''}")
             return Exit.OK
         if command == "analyze":
             from soakd.analysis.offline import analyze_command  # lazy: only the subcommand's own modules load

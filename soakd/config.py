@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import psutil
-
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
@@ -35,7 +33,6 @@ else:  # pragma: no cover - exercised on 3.10 only
 from soakd.errors import ConfigError
 from soakd.names import LEAK_SERIES, STAGES, TARGET_METRIC_PREFIX
 from soakd.specs import (
-    BUILTIN_DEFAULT_SHAPES,
     SEQ_PREFIX,
     V2_DATATYPES,
     SeqLenSpec,
@@ -43,7 +40,6 @@ from soakd.specs import (
     check_model_input,
     check_model_spec,
     is_seq_spec,
-    parse_model_spec,
     parse_seq_spec,
     parse_shape_mix,
 )
@@ -461,8 +457,18 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str,
     for key, value in overrides.items():
         _set_path(data, key, value)
     cfg: Config = _build(Config, data, "")
+    settle(cfg)
     validate(cfg)
     return cfg
+
+
+def settle(cfg: Config) -> None:
+    """Defaults that depend on other keys, filled in before validation (which changes nothing)."""
+    if cfg.load.concurrency is None and cfg.load.rate is None:
+        cfg.load.concurrency = 8  # closed loop, 8 in flight: neither mode given
+    lk = cfg.leak
+    # A window shorter than 30 evaluations (an accelerated run) is judged that often instead.
+    lk.evaluate_interval = min(lk.evaluate_interval, max(1.0, lk.window / 30))
 
 
 def _require(cond: bool, message: str) -> None:
@@ -494,15 +500,6 @@ MAX_RESAMPLES = 1_000_000  # bootstrap resamples: past 10^6 a 95% interval's thi
 MODEL_THREADS_PER_CPU = 4  # model threads beyond this per core only queue for the cores and the GIL
 MAX_RUN_ID = 128  # a run id names a folder and files in the state dir (NAME_MAX is 255)
 _RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-
-
-def host_memory_bytes() -> int:
-    """This host's RAM (psutil): what every in-memory bound is measured against."""
-    return int(psutil.virtual_memory().total)
-
-
-def max_model_threads() -> int:
-    return max(8, MODEL_THREADS_PER_CPU * (os.cpu_count() or 1))
 
 
 def format_bytes(n: float) -> str:
@@ -544,92 +541,6 @@ def check_run_id(run_id: str, key: str = "state.run_id") -> str:
     return run_id
 
 
-def _shape_spec(cfg: Config) -> str:
-    """The input shape spec in force: ``input.shapes``, else a builtin model's default."""
-    if cfg.input.shapes:
-        return cfg.input.shapes
-    try:
-        spec = parse_model_spec(cfg.model.spec)
-    except ValueError:
-        return ""
-    return BUILTIN_DEFAULT_SHAPES.get(spec.target, "") if spec.kind == "builtin" else ""
-
-
-def _check_memory(cfg: Config) -> None:
-    """Refuse, before anything is allocated, settings whose tensors and buffers would not fit in
-    half this host's RAM (the rest is the model's, the allocator's and the OS's)."""
-    host = host_memory_bytes()
-    budget = host // 2
-    inp, b = cfg.input, cfg.batcher
-    inflight = cfg.load.concurrency if cfg.load.concurrency is not None else cfg.load.max_inflight
-    inflight_key = "load.concurrency" if cfg.load.concurrency is not None else "load.max_inflight"
-    # (key, value, bytes, what): the parts soakd itself holds for these settings.
-    parts: list[tuple[str, object, int, str]] = []
-    spec = _shape_spec(cfg)
-    one = 0  # bytes of the largest single request tensor
-    if spec and is_seq_spec(spec):
-        seq = parse_seq_spec(spec)
-        one = seq.high * TOKEN_BYTES
-        parts.append(("input.shapes", spec, one, f"one {seq.high}-token sequence"))
-        parts.append(
-            (
-                "batcher.max_batch_size",
-                b.max_batch_size,
-                b.instances * b.max_batch_size * one,
-                f"batches of {b.max_batch_size} x {seq.high} tokens on {b.instances} model thread(s)",
-            )
-        )
-    elif spec:
-        itemsize = DTYPE_BYTES.get(cfg.model.dtype, 4)
-        sizes = [(shape, math.prod(shape) * itemsize) for shape, _ in parse_shape_mix(spec)]
-        one = max(n for _, n in sizes)
-        names = "+".join("x".join(map(str, shape)) for shape, _ in sizes)
-        if cfg.input.samples is None:
-            pooled = sum(inp.pool * (n + TENSOR_OVERHEAD_BYTES) for _, n in sizes)
-            parts.append(("input.pool", inp.pool, pooled, f"{inp.pool} pooled {names} {cfg.model.dtype} tensors"))
-        else:  # decoded samples: each request in flight holds its own tensor
-            parts.append((inflight_key, inflight, inflight * one, f"a decoded {names} sample per request in flight"))
-        parts.append(
-            (
-                "batcher.max_batch_size",
-                b.max_batch_size,
-                b.instances * b.max_batch_size * one,
-                f"batches of {b.max_batch_size} on {b.instances} model thread(s)",
-            )
-        )
-    parts.append((inflight_key, inflight, inflight * REQUEST_BYTES, f"{inflight} requests in flight"))
-    if inp.samples is not None:  # each preprocess worker may hold one whole sample (bytes, then decoded)
-        parts.append(
-            (
-                "input.max_sample_bytes",
-                inp.max_sample_bytes,
-                2 * inp.preprocess_workers * inp.max_sample_bytes,
-                f"{inp.preprocess_workers} preprocess workers reading samples of up to "
-                f"{format_bytes(inp.max_sample_bytes)}",
-            )
-        )
-    ring = cfg.memory.ring_size
-    parts.append(
-        (
-            "memory.ring_size",
-            ring,
-            ring * RING_SAMPLE_BYTES * RING_SERIES,
-            f"{RING_SERIES} memory rings of {ring} samples",
-        )
-    )
-    total = sum(n for _, _, n, _ in parts)
-    if total <= budget:
-        return
-    key, value, _, _ = max(parts, key=lambda p: p[2])
-    if one > budget:  # one request's tensor alone is too large: the shape is the setting at fault
-        key, value = "input.shapes", spec
-    detail = ", ".join(f"{what} {format_bytes(n)}" for _, _, n, what in parts if n)
-    raise ConfigError(
-        f"{key}: {value!r} needs {format_bytes(total)} of host memory ({detail}): over the bound of half "
-        f"this host's RAM, {format_bytes(budget)} of {format_bytes(host)}"
-    )
-
-
 def _require_range(key: str, value: float, low: float, high: float, why: str = "") -> None:
     if not low <= value <= high:
         reason = f" ({why})" if why else ""
@@ -667,8 +578,6 @@ def validate(cfg: Config) -> None:
         ld.concurrency is None or ld.rate is None,
         "load.concurrency and load.rate: choose one (closed loop or open loop), not both",
     )
-    if ld.concurrency is None and ld.rate is None:
-        ld.concurrency = 8
     if ld.concurrency is not None:
         _require(ld.concurrency >= 1, f"load.concurrency: must be >= 1, got {ld.concurrency}")
     if ld.open_loop:
@@ -700,13 +609,7 @@ def validate(cfg: Config) -> None:
         f"batcher.max_queue_delay_ms: {b.max_queue_delay_ms:g} is over the bound of daemon.stall_timeout "
         f"({stall_ms:g} ms: a request waiting that long for a batch reads as a hung model)",
     )
-    threads = max_model_threads()
     _require(b.instances >= 1, f"batcher.instances: must be >= 1, got {b.instances}")
-    _require(
-        b.instances <= threads,
-        f"batcher.instances: {b.instances} is over the bound of {threads} ({MODEL_THREADS_PER_CPU} model "
-        f"threads per CPU core of this host's {os.cpu_count()}; more only queue for the cores)",
-    )
     _require(cfg.input.pool >= 1, f"input.pool: must be >= 1, got {cfg.input.pool}")
     if is_seq_spec(cfg.input.shapes):
         try:
@@ -738,7 +641,6 @@ def validate(cfg: Config) -> None:
         f"memory.interval: must be >= {MIN_MEMORY_INTERVAL:g}s (one round of every memory collector "
         f"takes milliseconds), got {cfg.memory.interval:g}s",
     )
-    _check_memory(cfg)
     _validate_leak(cfg.leak)
     _validate_target(cfg)
     _require(
@@ -917,8 +819,6 @@ def _validate_leak(lk: LeakConfig) -> None:
         )
         _require(floor >= 0, f"leak.min_slope_bytes_per_hour.{name}: must be >= 0, got {floor}")
     _require(0 < lk.alpha < 0.5, f"leak.alpha: must be within (0, 0.5), got {lk.alpha}")
-    # A window shorter than 30 evaluations (an accelerated run) is judged that often instead.
-    lk.evaluate_interval = min(lk.evaluate_interval, max(1.0, lk.window / 30))
     _require(lk.trough_span >= lk.bin, f"leak.trough_span: must be >= leak.bin ({lk.bin}s), got {lk.trough_span}s")
     _require(
         lk.min_span >= 4 * lk.bin,

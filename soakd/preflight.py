@@ -1,5 +1,6 @@
-"""Checks a run makes before it loads anything, on the machine it runs on: can it listen on
-``metrics.addr``, open ``output.log_file`` and write ``output.summary_json``?
+"""Checks a run makes before it loads anything, on the machine it runs on: do its buffers and
+model threads fit this host (:mod:`soakd.host_limits`), can it listen on ``metrics.addr``, open
+``output.log_file`` and write ``output.summary_json``?
 
 ``soakd check-config`` validates a file that may be meant for another host, so these live here,
 not in :mod:`soakd.config`: they resolve names, bind a socket and create files. Each failure is
@@ -17,12 +18,14 @@ import tempfile
 from pathlib import Path
 
 from soakd.config import Config, ConfigError, parse_host_port
+from soakd.host_limits import check_host
 
 log = logging.getLogger("soakd.preflight")
 
 
 def preflight(cfg: Config) -> list[str]:
     """Run every check; raise ConfigError on the first failure. Returns warnings (logged too)."""
+    check_host(cfg)  # this host's cores and RAM, before anything is allocated
     warnings = check_listen_addr(cfg.metrics.addr)
     if cfg.output.log_file is not None:
         check_appendable(cfg.output.log_file, "output.log_file")

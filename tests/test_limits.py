@@ -23,13 +23,13 @@ from tests.conftest import soakd_cmd
 HALF_RAM = format_bytes(psutil.virtual_memory().total // 2)
 
 
-def check(tmp_path: Path, text: str | bytes) -> subprocess.CompletedProcess[str]:
+def check(tmp_path: Path, text: str | bytes, *flags: str) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "soak.toml"
     if isinstance(text, bytes):
         path.write_bytes(text)
     else:
         path.write_text(text)
-    return subprocess.run(soakd_cmd("check-config", str(path)), capture_output=True, text=True, timeout=60)
+    return subprocess.run(soakd_cmd("check-config", *flags, str(path)), capture_output=True, text=True, timeout=60)
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -84,19 +84,11 @@ def test_run_refuses_a_number_past_its_bound(flags: tuple[str, ...], needles: tu
 @pytest.mark.parametrize(
     ("text", "needles"),
     [
-        ("[input]\npool = 100000000\n", ("input.pool", "100000000", HALF_RAM)),
-        ("[batcher]\ninstances = 40000\n", ("batcher.instances", "40000", f"{max(8, 4 * (os.cpu_count() or 1))}")),
         ("[batcher]\nmax_queue_delay_ms = inf\n", ("batcher.max_queue_delay_ms", "finite")),
-        (
-            "[batcher]\nmax_batch_size = 100000000000\n[input]\nshapes = '3x224x224'\n",
-            ("batcher.max_batch_size", HALF_RAM),
-        ),
-        ("[load]\nrate = 100\nmax_inflight = 100000000000\n", ("load.max_inflight", HALF_RAM)),
         ("[load]\nduration = 1979-05-27T07:32:00Z\n", ("load.duration", "TOML date/time")),
         ("[load]\nduration = 07:32:00\n", ("load.duration", "TOML date/time")),
         ("[state]\nretention = '999999999999d'\n", ("state.retention", "10 years")),
         ("[load]\nseed = -1\n", ("load.seed",)),
-        ("[memory]\nring_size = 1000000000000\n", ("memory.ring_size", HALF_RAM)),
         ("[compare]\nresamples = 1000000000000\n", ("compare.resamples", "1e+06")),
         ("[phases]\nprobe_schedule = '61 * * * *'\n", ("phases.probe_schedule", "minute")),
         ("[slo]\np99_ms = nan\n", ("slo.p99_ms", "finite")),
@@ -109,6 +101,30 @@ def test_run_refuses_a_number_past_its_bound(flags: tuple[str, ...], needles: tu
 def test_check_config_refuses_a_number_past_its_bound(tmp_path: Path, text: str, needles: tuple[str, ...]) -> None:
     """`soakd check-config` refuses what `run` would, with the same one line naming key, value and bound."""
     refused(check(tmp_path, text), *needles)
+
+
+HOST_BOUND = [
+    ("[input]\npool = 100000000\n", ("input.pool", "100000000", HALF_RAM)),
+    ("[batcher]\ninstances = 40000\n", ("batcher.instances", "40000", f"{max(8, 4 * (os.cpu_count() or 1))}")),
+    (
+        "[batcher]\nmax_batch_size = 100000000000\n[input]\nshapes = '3x224x224'\n",
+        ("batcher.max_batch_size", HALF_RAM),
+    ),
+    ("[load]\nrate = 100\nmax_inflight = 100000000000\n", ("load.max_inflight", HALF_RAM)),
+    ("[memory]\nring_size = 1000000000000\n", ("memory.ring_size", HALF_RAM)),
+]
+
+
+@pytest.mark.parametrize(("text", "needles"), HOST_BOUND)
+def test_host_bounds_are_checked_on_the_host_not_in_the_file(
+    tmp_path: Path, text: str, needles: tuple[str, ...]
+) -> None:
+    """A file is judged the same on every machine: `check-config` accepts settings that no RAM or
+    core count of a host could refuse by themselves; `check-config --host` (and `run`'s preflight)
+    refuse what this host cannot hold, naming key, value and this host's bound."""
+    ok = check(tmp_path, text)
+    assert ok.returncode == 0 and "ok" in ok.stdout, ok.stderr
+    refused(check(tmp_path, text, "--host"), *needles)
 
 
 def test_a_shape_too_large_for_memory_is_refused_before_allocation(tmp_path: Path) -> None:
