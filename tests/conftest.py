@@ -110,11 +110,12 @@ def summary_args(cwd: Path) -> tuple[Path, list[str]]:
     return out, ["--summary-json", str(out), "--state-dir", str(cwd / "state")]
 
 
-def soak(cwd: Path, *args: str, timeout: float = 60) -> dict[str, Any]:
-    """``soakd run ARGS`` to its end (exit 0 asserted, its output shown otherwise); its summary."""
+def soak(cwd: Path, *args: str, timeout: float = 60, rc: int = 0) -> dict[str, Any]:
+    """``soakd run ARGS`` to its end (exit ``rc`` asserted, its output shown otherwise); its
+    summary. A soak whose requests fail on purpose exits 1 by the default error gate."""
     out, extra = summary_args(cwd)
     res = run_soakd(*args, *extra, timeout=timeout)
-    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.returncode == rc, res.stdout + res.stderr
     return json.loads(out.read_text())  # type: ignore[no-any-return]
 
 

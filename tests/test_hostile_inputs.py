@@ -74,8 +74,9 @@ def test_loops_unreadable_folders_and_text_beside_images_are_skipped_and_named_o
         )
     finally:
         locked.chmod(0o755)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # the bad samples' share fails the default error gate
     summary = json.loads(out.read_text())
+    assert summary["slo"]["failed"] == ["error ratio (default)"]
     assert summary["requests"]["ok"] > 0 and summary["requests"]["bad_input"] > 0
     assert summary["requests"].get("error", 0) == 0
     log = proc.stderr
@@ -143,8 +144,9 @@ def test_large_files_are_bad_input_and_memory_stays_bounded(tmp_path: Path) -> N
         ),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # the oversized samples are bad input: the default error gate
     summary = json.loads(out.read_text())
+    assert summary["slo"]["failed"] == ["error ratio (default)"]
     assert summary["requests"]["ok"] > 0 and summary["requests"]["bad_input"] > 0
     assert "larger than input.max_sample_bytes" in proc.stderr
     assert "a line longer than input.max_sample_bytes" in proc.stderr

@@ -80,9 +80,9 @@ def bodies(tmp_path: Path) -> Path:
     return d
 
 
-def http_soak(url: str, bodies: Path, tmp_path: Path, *args: str) -> dict[str, Any]:
-    """A soak of ``url`` with ``bodies`` to its end; its summary."""
-    return soak(tmp_path, "--target", url, "--api", "http", "--samples", str(bodies), *args)
+def http_soak(url: str, bodies: Path, tmp_path: Path, *args: str, rc: int = 0) -> dict[str, Any]:
+    """A soak of ``url`` with ``bodies`` to its end (exit ``rc``); its summary."""
+    return soak(tmp_path, "--target", url, "--api", "http", "--samples", str(bodies), *args, rc=rc)
 
 
 def test_closed_loop_soak_measures_every_stage(server: Server, bodies: Path, tmp_path: Path) -> None:
@@ -105,7 +105,10 @@ def test_closed_loop_soak_measures_every_stage(server: Server, bodies: Path, tmp
 
 def test_bad_responses_are_errors_by_status_class(server: Server, bodies: Path, tmp_path: Path) -> None:
     """4xx and 5xx answers count as errors; the status classes say which."""
-    s = http_soak(server.url("/mixed"), bodies, tmp_path, "--concurrency", "4", "--duration", "2s", "--warmup", "0")
+    s = http_soak(
+        server.url("/mixed"), bodies, tmp_path, "--concurrency", "4", "--duration", "2s", "--warmup", "0", rc=1
+    )
+    assert s["slo"]["failed"] == ["error ratio (default)"]  # half the answers failed
     resp, req = s["target"]["responses"], s["requests"]
     assert req["ok"] == resp["2xx"] > 0
     assert req["error"] == resp["4xx"] + resp["5xx"]
@@ -224,6 +227,13 @@ def _healthz(port: int) -> str:
         return body.decode()
 
 
+def _lenient(tmp_path: Path) -> Path:
+    """An error gate that lets an outage through: where the outage itself is what a test checks."""
+    path = tmp_path / "lenient.toml"
+    path.write_text("[slo]\nmax_error_ratio = 1.0\n")
+    return path
+
+
 def test_server_killed_and_restarted_mid_soak(server: Server, bodies: Path, tmp_path: Path) -> None:
     """The soak goes on through an outage: errors counted, target_up 0 then 1, /healthz says why,
     and the summary holds the down time."""
@@ -241,6 +251,8 @@ def test_server_killed_and_restarted_mid_soak(server: Server, bodies: Path, tmp_
             "9s",
             "--warmup",
             "2",
+            "--config",
+            str(_lenient(tmp_path)),
         ],
         tmp_path,
         summary=True,
@@ -269,6 +281,29 @@ def test_server_killed_and_restarted_mid_soak(server: Server, bodies: Path, tmp_
     assert 1.8 <= tg["down_seconds"] <= 8.0
     assert tg["responses"]["none"] == s["requests"]["error"]
     assert d.log.read_text().count("is down") == 1  # one line per outage, not one per refused request
+
+
+def test_a_server_down_for_most_of_the_run_fails_the_default_gate(bodies: Path, tmp_path: Path) -> None:
+    """With no [slo], a served model that dies early and stays down exits 1, the down share named
+    as the default gate: soakd backs off while it is down, so few requests fail, but the soak did."""
+    srv = Server(free_port()).start()
+    d = Daemon(
+        ["--target", srv.url("/ok"), "--api", "http", "--samples", str(bodies), "--concurrency", "2",
+         "--duration", "6s", "--warmup", "2"],
+        tmp_path,
+        summary=True,
+    )  # fmt: skip
+    try:
+        d.wait_ready()
+        srv.kill()
+        assert d.proc.wait(40) == 1, d.output()
+    finally:
+        d.stop()
+    s = d.summary()
+    assert "target down (default)" in s["slo"]["failed"]
+    check = next(c for c in s["slo"]["checks"] if c["name"] == "target down (default)")
+    assert check["observed"] > 0.5 and check["limit"] == 0.01
+    assert "SLO FAIL target down (default)" in d.log.read_text()
 
 
 def test_requests_piling_up_behind_a_stopped_server_show_in_flight(

@@ -43,9 +43,9 @@ def openai_args(base: str, tmp_path: Path, config: str = "") -> list[str]:
     return args
 
 
-def openai_soak(base: str, tmp_path: Path, *args: str, config: str = "") -> dict[str, Any]:
-    """A soak of the fake to its end (exit 0 asserted); its summary."""
-    return soak(tmp_path, *openai_args(base, tmp_path, config), *args, timeout=90)
+def openai_soak(base: str, tmp_path: Path, *args: str, config: str = "", rc: int = 0) -> dict[str, Any]:
+    """A soak of the fake to its end (exit ``rc`` asserted); its summary."""
+    return soak(tmp_path, *openai_args(base, tmp_path, config), *args, timeout=90, rc=rc)
 
 
 def run_openai(base: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -127,8 +127,10 @@ def test_a_stream_that_stalls_is_a_timeout_not_a_hang(base: str, tmp_path: Path)
         "--target-model",
         "fake-stall",
         config="[target]\nchunk_timeout = 0.5\n",
+        rc=1,  # every request timed out: the default error gate fails the soak
     )
     assert time.monotonic() - t0 < 30
+    assert s["slo"]["failed"] == ["error ratio (default)"]
     assert s["requests"]["timeout"] >= 2 and s["requests"]["ok"] == 0
     assert s["llm"]["ttft_ms"]["count"] == 0  # nothing is recorded for a request that never ended
     assert s["target"]["up"] is True  # a stalled stream is not a dead server
@@ -137,7 +139,8 @@ def test_a_stream_that_stalls_is_a_timeout_not_a_hang(base: str, tmp_path: Path)
 def test_an_error_chunk_is_an_error(base: str, tmp_path: Path) -> None:
     out, extra = summary_args(tmp_path)
     res = run_openai(base, tmp_path, *SHORT, "--target-model", "fake-error", "--warmup", "0", *extra)
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 1, res.stderr  # every request failed: the default error gate
+    assert "SLO FAIL error ratio (default)" in res.stdout
     s = json.loads(out.read_text())
     assert s["requests"]["error"] > 0 and s["requests"]["ok"] == 0
     assert "engine died" in res.stderr  # logged once, with the server's words

@@ -77,6 +77,15 @@ class TestChecks:
         assert slo_block(SloConfig(max_error_ratio=1.0), failing)["passed"] is True
         assert slo_block(SloConfig(max_error_ratio="none"), failing) == {"passed": True, "failed": [], "checks": []}
 
+    def test_a_served_model_down_for_long_fails_the_same_bound(self) -> None:
+        """A target down 30 s of a 60 s soak fails "target down (default)" though few requests failed."""
+        served = {**SUMMARY, "duration_seconds": 60.0, "target": {"down_seconds": 30.0}}
+        block = slo_block(SloConfig(), served)
+        assert block["failed"] == ["target down (default)"]
+        assert by_name(block)["target down (default)"]["observed"] == 0.5
+        assert slo_block(SloConfig(max_error_ratio=0.6), served)["passed"] is True
+        assert slo_block(SloConfig(max_error_ratio="none"), served)["checks"] == []
+
     def test_a_gate_never_passes_on_nothing_measured(self) -> None:
         """No request measured: the error gate, a latency bound and a throughput floor each fail."""
         empty: dict[str, Any] = {"throughput_rps": None, "requests": {}, "latency_ms": {}}

@@ -7,6 +7,8 @@ requests (latency, errors, throughput) with nothing measured fails: a gate never
 
 Every gate has an error bound: without ``[slo] max_error_ratio`` the default one applies
 (DEFAULT_MAX_ERROR_RATIO, named "error ratio (default)"), as Locust fails a run with failed requests.
+For a served model the same bound holds the share of the run it was down ("target down"): while
+a server refuses, soakd backs off, so an outage sends few requests to fail.
 """
 
 from __future__ import annotations
@@ -46,6 +48,14 @@ def error_ratio(requests: dict[str, int]) -> float | None:
     return None if total == 0 else (total - requests.get("ok", 0)) / total
 
 
+def down_ratio(summary: dict[str, Any]) -> float | None:
+    """Share of the run a served model was down (None in process, or with no duration)."""
+    target, duration = summary.get("target"), summary.get("duration_seconds")
+    if not isinstance(target, dict) or "down_seconds" not in target or not duration:
+        return None
+    return min(1.0, float(target["down_seconds"]) / float(duration))
+
+
 def error_bound(slo: SloConfig) -> tuple[str, float] | None:
     """The error gate in force: its check's name and limit; None when ``"none"`` turned it off."""
     if slo.max_error_ratio == "none":
@@ -68,6 +78,9 @@ def check_slos(slo: SloConfig, summary: dict[str, Any]) -> list[Check]:
         name, limit = bound
         ratio = error_ratio(summary.get("requests", {}))
         checks.append(Check(name, limit, ratio, "<=", "", _le(ratio, limit)))
+        down = down_ratio(summary)
+        if down is not None:  # a served model: while it was down, few requests went out to fail
+            checks.append(Check(name.replace("error ratio", "target down"), limit, down, "<=", "", down <= limit))
     if slo.min_throughput_rps is not None:
         rps = summary.get("throughput_rps")
         passed = rps is not None and rps >= slo.min_throughput_rps

@@ -253,9 +253,8 @@ class RunSession:
             metrics=m,
             elapsed_before=life.elapsed_before,
             offline=offline,
+            target=prep.target_summary() if prep.target_summary is not None else None,
         )
-        if prep.target_summary is not None:  # a served model: where it was, and how long it was down
-            summary["target"] = prep.target_summary()
         if cfg.output.summary_json:
             write_json_atomic(cfg.output.summary_json, summary)
             log.info("summary written to %s", cfg.output.summary_json)

@@ -100,6 +100,7 @@ def build_summary(
     metrics: Metrics,
     elapsed_before: float = 0.0,
     offline: dict[str, Any] | None = None,
+    target: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     completed = stats.completed
     summary: dict[str, Any] = {
@@ -130,6 +131,8 @@ def build_summary(
     )
     # A resumed run: earlier segments count toward the minimum duration.
     summary["run_duration_seconds"] = round(elapsed_before + stats.elapsed, 3)
+    if target is not None:  # a served model: where it was, how it answered, how long it was down
+        summary["target"] = target
     summary["slo"] = slo_block(cfg.slo, summary)
     return summary
 
