@@ -88,6 +88,7 @@ class FakeNvml:
     pynvml's real NVMLError subclasses (NOT_SUPPORTED for a key in a GPU's "unsupported")."""
 
     NVMLError = pynvml.NVMLError
+    NVMLLibraryMismatchError = pynvml.NVMLLibraryMismatchError  # not an NVMLError, as in pynvml
 
     def __init__(
         self,
@@ -143,6 +144,8 @@ class FakeNvml:
         return SimpleNamespace(**self._gpu(h)["memory"])
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[SimpleNamespace]:
+        if "processes" in self._gpu(h).get("library_mismatch", ()):  # an R470-era driver: no _v3 call
+            raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match")
         return [
             SimpleNamespace(pid=self.pid if p["pid"] == "SELF" else p["pid"], usedGpuMemory=p["usedGpuMemory"])
             for p in self._check(h, "processes")["processes"]

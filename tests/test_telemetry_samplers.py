@@ -11,9 +11,11 @@ from __future__ import annotations
 import gc
 import os
 from pathlib import Path
+from typing import Any
 
 import pynvml
 import pytest
+from prometheus_client import generate_latest
 
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.gc_stats import GcSampler
@@ -363,6 +365,45 @@ def test_nvml_process_not_listed_adds_no_process_sample() -> None:
     sampler.sample()
     assert series.read("gpu_process_memory")[0].size == 0
     assert series.read("gpu_memory_used")[0].size == 1
+
+
+def test_nvml_process_memory_it_cannot_give_is_no_sample_not_zero() -> None:
+    """pynvml's usedGpuMemory=None (NVML_VALUE_NOT_AVAILABLE, e.g. under some MIG or WDDM setups)
+    is no figure for the process: no gauge and no leak-series sample, where a 0 once went in."""
+    answers = load_json("nvml_answers.json")
+    for g in answers["gpus"]:
+        for p in g.get("processes", []):
+            p["usedGpuMemory"] = None
+    m, series = Metrics(), SeriesStore(100)
+    sampler = NvmlSampler(m, series, FakeNvml(pid=os.getpid(), answers=answers))
+    sampler.open()
+    sampler.sample()
+    assert series.read("gpu_process_memory")[0].size == 0
+    assert series.read("gpu_memory_used")[0].size == 1
+    assert "soakd_gpu_process_memory_bytes{" not in generate_latest(m.registry).decode()
+
+
+def test_an_old_driver_or_a_mig_parent_drops_the_field_not_the_source() -> None:
+    """NVMLLibraryMismatchError (no _v3 process call on an old driver; not an NVMLError) and
+    NO_PERMISSION (a MIG parent handle) mean "cannot tell": that field is dropped, memory, clocks
+    and power are still sampled on every pass."""
+    answers = load_json("nvml_answers.json")
+    answers["gpus"][0]["library_mismatch"] = ["processes"]
+    nv = FakeNvml(pid=os.getpid(), answers=answers)
+    m = Metrics()
+    sampler = NvmlSampler(m, None, nv)
+    sampler.open()
+
+    def no_permission(h: int) -> Any:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
+
+    nv.nvmlDeviceGetUtilizationRates = no_permission  # type: ignore[method-assign]
+    sampler.sample()
+    sampler.sample()
+    assert {"processes", "utilization"} <= sampler.gpus[0].unsupported
+    gpu0 = {"gpu": "0", "uuid": sampler.gpus[0].uuid}
+    assert value(m, "soakd_gpu_memory_used_bytes", **gpu0) is not None
+    assert value(m, "soakd_gpu_utilization_ratio", **gpu0) is None
 
 
 def test_nvml_unknown_model_uuid_falls_back_to_every_gpu() -> None:

@@ -35,7 +35,26 @@ CLOCK_EVENT_REASONS: dict[int, str] = {
 }
 
 # Answers that mean "this GPU/driver cannot tell", not "the source is broken".
-_UNSUPPORTED = (3, 13, 25, 26)  # NOT_SUPPORTED, FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH, DEPRECATED
+# NOT_SUPPORTED, NO_PERMISSION (a MIG parent's handle), FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH,
+# DEPRECATED. pynvml also raises NVMLLibraryMismatchError, not an NVMLError, where an old driver
+# lacks a versioned call (the process list's _v3 before R510): that too is "cannot tell".
+_UNSUPPORTED = (3, 4, 13, 25, 26)
+
+
+def unsupported_errors(nv: Any) -> tuple[type[BaseException], ...]:
+    """The exception types of ``nv`` (pynvml or a fake) that may mean a call is unsupported."""
+    mismatch = getattr(nv, "NVMLLibraryMismatchError", None)
+    return (nv.NVMLError, mismatch) if isinstance(mismatch, type) else (nv.NVMLError,)
+
+
+def known_usage(procs: Any) -> int | None:
+    """The summed ``usedGpuMemory`` of NVML process entries; None when NVML gave no figure for
+    any of them (pynvml turns NVML_VALUE_NOT_AVAILABLE into None): a made-up 0 would be a
+    flat line in a leak series."""
+    known = [int(p.usedGpuMemory) for p in procs if p.usedGpuMemory is not None]
+    return sum(known) if known else None
+
+
 _MEMORY_V2 = 0x02000028  # pynvml.nvmlMemory_v2
 _CLOCK_SM = 1  # NVML_CLOCK_SM
 _TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU
@@ -126,8 +145,8 @@ class NvmlSampler:
             return None
         try:
             return call()
-        except self.nvml.NVMLError as exc:
-            if getattr(exc, "value", None) in _UNSUPPORTED:
+        except unsupported_errors(self.nvml) as exc:
+            if not isinstance(exc, self.nvml.NVMLError) or getattr(exc, "value", None) in _UNSUPPORTED:
                 gpu.unsupported.add(key)
                 return None
             raise
@@ -152,8 +171,8 @@ class NvmlSampler:
             # Not listed: no context on this GPU, or (in a container without the host's pid
             # namespace) NVML lists host pids. Either way there is no number to report, and a
             # made-up 0 would hide a leak from the trend test.
-            if mine:
-                used = sum(int(p.usedGpuMemory or 0) for p in mine)
+            used = known_usage(mine)
+            if used is not None:
                 m.gpu_process_memory.labels(*lab, str(self.pid)).set(used)
                 process_ours = (process_ours or 0) + used
             util = self._field(gpu, "utilization", partial(nv.nvmlDeviceGetUtilizationRates, h))

@@ -29,14 +29,14 @@ from typing import Any
 from soakd.errors import TargetError
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.host import ProcFS
-from soakd.telemetry.nvml import open_nvml
+from soakd.telemetry.nvml import open_nvml, unsupported_errors
 from soakd.telemetry.scheduler import SourceUnavailable
 from soakd.telemetry.series import SeriesStore
 
 log = logging.getLogger("soakd.telemetry")
 
 TARGET_SERIES = ("target_rss", "target_uss", "target_gpu_memory")  # the main watched process's
-_NOT_SUPPORTED = (3, 13)  # NVML: NOT_SUPPORTED, FUNCTION_NOT_FOUND (no per-process list here)
+_NOT_SUPPORTED = (3, 4, 13)  # NVML: NOT_SUPPORTED, NO_PERMISSION, FUNCTION_NOT_FOUND (no per-process list here)
 
 
 class UnitResolver:
@@ -217,14 +217,14 @@ class TargetGpuSampler:
         for gpu, h in enumerate(self.handles):
             try:
                 procs = nv.nvmlDeviceGetComputeRunningProcesses(h)
-            except nv.NVMLError as exc:
-                if getattr(exc, "value", None) in _NOT_SUPPORTED:
+            except unsupported_errors(nv) as exc:
+                if not isinstance(exc, nv.NVMLError) or getattr(exc, "value", None) in _NOT_SUPPORTED:
                     continue
                 raise
             for p in procs or ():
                 key = (str(p.pid), str(gpu))
-                if key[0] in pids:
-                    seen[key] = seen.get(key, 0) + int(p.usedGpuMemory or 0)
+                if key[0] in pids and p.usedGpuMemory is not None:  # None: NVML cannot tell, not 0
+                    seen[key] = seen.get(key, 0) + int(p.usedGpuMemory)
         gauge = self.metrics.target_gpu_process_memory
         for key in self._exported - seen.keys():  # a restarted or exited process's old pid
             with contextlib.suppress(KeyError):
