@@ -185,5 +185,7 @@ class StagingBuffers:
             event = self._copied.get(key)
             if event is None:
                 event = self._copied[key] = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            event.record()
+            # On the model's device's stream, where .to() queued the copy: a bare record() uses
+            # the worker thread's current device, GPU 0 (another tenant's), and orders nothing.
+            event.record(torch.cuda.current_stream(self.device))
         return out
