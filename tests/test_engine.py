@@ -91,9 +91,30 @@ def test_model_instances_share_the_load() -> None:
 
 
 def test_closed_loop_keeps_exactly_n_in_flight() -> None:
-    """Closed loop with N=1 never batches: one request at a time."""
-    engine = run_engine(0.5, load__concurrency=1, batcher__max_batch_size=8)
-    assert engine.batch_size_summary()["max"] == 1
+    """Closed loop with N=3 at batch 1: whenever the model is called, exactly 3 requests are in
+    flight (one in the model, two queued: each completion is replaced before the next batch);
+    with N=1 the batcher never has a second request to batch."""
+    seen: list[int] = []
+    holder: list[Engine] = []
+
+    def count(x: torch.Tensor) -> torch.Tensor:
+        if holder:
+            seen.append(holder[0].inflight)
+        return x
+
+    cfg = load_config(None, {"model.device": "cpu", "input.shapes": "4", "load.concurrency": 3})
+    cfg.batcher.max_batch_size = 1
+    engine = Engine(LocalModelTarget(count, torch.device("cpu")), ShapeSource("4"), cfg, Metrics())
+    holder.append(engine)
+    engine.start()
+    time.sleep(0.3)
+    assert engine.stop(drain_timeout=10.0)
+    assert len(seen) > 100
+    # The last two calls are the drain's: stop() sends nothing new, so 2 then 1 remain.
+    assert seen[-2:] == [2, 1]
+    assert set(seen[:-2]) == {3}, sorted(set(seen))
+    one = run_engine(0.5, load__concurrency=1, batcher__max_batch_size=8)
+    assert one.batch_size_summary()["max"] == 1
 
 
 def test_open_loop_sends_at_the_configured_rate() -> None:
