@@ -34,14 +34,19 @@ from pathlib import Path
 
 out = Path(sys.argv[1])
 total = {"passed": 0, "failed": 0, "skipped": 0}
+reasons: dict[str, int] = {}
 print("\n== time per tier (wall clock)")
 for tier in ("unit", "integration", "e2e"):
     xml, secs = out / f"{tier}.xml", out / f"{tier}.seconds"
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     if xml.exists():
-        for suite in ET.parse(xml).getroot().iter("testsuite"):
+        root = ET.parse(xml).getroot()
+        for suite in root.iter("testsuite"):
             for k in counts:
                 counts[k] += int(suite.get(k, 0))
+        for skip in root.iter("skipped"):
+            why = (skip.get("message") or "?").removeprefix("Skipped: ")
+            reasons[why] = reasons.get(why, 0) + 1
     failed = counts["failures"] + counts["errors"]
     passed = counts["tests"] - failed - counts["skipped"]
     total["passed"] += passed
@@ -49,6 +54,10 @@ for tier in ("unit", "integration", "e2e"):
     total["skipped"] += counts["skipped"]
     seconds = secs.read_text().strip() if secs.exists() else "?"
     print(f"{tier:<12} {seconds:>5} s  {passed} passed, {failed} failed, {counts['skipped']} skipped")
+if reasons:  # what each skip wants, and how to get it (the reasons say)
+    print("\n== skipped, for want of")
+    for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        print(f"{n:>4}  {why}")
 print(f"tests: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
 EOF
 exit $status
