@@ -288,15 +288,34 @@ def step_argv(step: Step, out: Path, work: Path, result: Path) -> list[str]:
 ArgvFor = Callable[[Step, Path, Path, Path], list[str]]
 
 
-def run_steps(
-    steps: Sequence[Step], out: Path, budget: float, cuda: bool, reason: str, argv_for: ArgvFor = step_argv
-) -> int:
-    """Every step in turn (or 'skipped: no CUDA'), then gpu_check.json, .md and .log in ``out``.
+def write_report(report: dict[str, Any], out: Path, logs: Sequence[tuple[str, Path]], t0: float) -> None:
+    """gpu_check.json, .md and .log as they stand: written after every step, so a call killed
+    at its limit still brings back every step that finished."""
+    report["wall_seconds"] = round(time.monotonic() - t0, 1)
+    report["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    (out / "gpu_check.md").write_text(render_markdown(report))
+    if logs:
+        merge_logs(logs, out / "gpu_check.log")
 
-    A step's timeout is its own or what is left of ``budget``, whichever is less; a step that
+
+def run_steps(
+    steps: Sequence[Step],
+    out: Path,
+    budget: float,
+    cuda: bool,
+    reason: str,
+    argv_for: ArgvFor = step_argv,
+    started: float | None = None,
+) -> int:
+    """Every step in turn (or 'skipped: no CUDA'), writing gpu_check.json, .md and .log in
+    ``out`` after each.
+
+    A step's timeout is its own or what is left of ``budget``, whichever is less, the budget
+    counted from ``started`` (the CUDA probe's start: it spends the same call's time); a step that
     fails or times out is recorded and the next one runs. Returns the exit status."""
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
+    t0 = time.monotonic() if started is None else started
     report: dict[str, Any] = {
         "schema": 1,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -338,13 +357,9 @@ def run_steps(
                 + (f" ({rec['reason']})" if rec.get("reason") else ""),
                 flush=True,
             )
+            write_report(report, out, logs, t0)
     finally:
-        report["wall_seconds"] = round(time.monotonic() - t0, 1)
-        report["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-        (out / "gpu_check.md").write_text(render_markdown(report))
-        if logs:
-            merge_logs(logs, out / "gpu_check.log")
+        write_report(report, out, logs, t0)
         shutil.rmtree(work, ignore_errors=True)
     bad = [s["name"] for s in report["steps"] if s["status"] in ("failed", "timeout")]
     verdict = "dry run, nothing measured" if not cuda else f"failed: {', '.join(bad)}" if bad else "passed"
@@ -370,8 +385,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.budget <= 0:
         print(f"gpu_check: error: --budget: must be > 0, got {args.budget}", file=sys.stderr)
         return 2
+    started = time.monotonic()  # the probe spends the budget too
     cuda, reason = cuda_probe(sys.executable)
-    return run_steps(steps, args.out, args.budget, cuda, reason)
+    return run_steps(steps, args.out, args.budget, cuda, reason, started=started)
 
 
 if __name__ == "__main__":

@@ -143,6 +143,32 @@ def test_a_failing_and_a_stuck_step_are_recorded_and_the_next_steps_still_run(tm
 
 
 @pytest.mark.e2e  # the code under test starts a process
+def test_the_report_is_written_after_every_step(tmp_path: Path) -> None:
+    """The second step reads gpu_check.json as the first left it: a call killed mid-way still
+    brings back every finished step. Time spent before the steps (the probe) counts in the budget."""
+    out = tmp_path / "out"
+    steps = [gpu_check.Step("first", "passes", 10), gpu_check.Step("second", "reads the report", 10)]
+    codes = {
+        "first": "import json, sys; json.dump({'figures': {'x': 1}, 'checks': {}}, open(sys.argv[1], 'w'))",
+        "second": (
+            "import json, sys; r = json.load(open(sys.argv[2])); "
+            "ok = [s['name'] for s in r['steps']] == ['first'] and r['steps'][0]['status'] == 'passed'; "
+            "json.dump({'figures': {}, 'checks': {'first step on disk': ok}}, open(sys.argv[1], 'w'))"
+        ),
+    }
+
+    def argv_for(step: gpu_check.Step, out_: Path, work: Path, result: Path) -> list[str]:
+        return [*_script(tmp_path, step.name, codes[step.name]), str(result), str(out / "gpu_check.json")]
+
+    assert gpu_check.run_steps(steps, out, 60.0, True, "", argv_for) == 0
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert [s["status"] for s in report["steps"]] == ["passed", "passed"]
+    spent = gpu_check.run_steps(steps[:1], tmp_path / "late", 5.0, True, "", argv_for, started=time.monotonic() - 4.0)
+    late = json.loads((tmp_path / "late" / "gpu_check.json").read_text())
+    assert spent == 0 and late["steps"][0]["status"] == "skipped" and late["steps"][0]["reason"] == "budget spent"
+
+
+@pytest.mark.e2e  # the code under test starts a process
 def test_steps_past_the_budget_are_skipped_not_started(tmp_path: Path) -> None:
     """A budget spent by the first step: the next is skipped with that reason."""
     steps = [gpu_check.Step("slow", "sleeps", 30), gpu_check.Step("next", "never starts", 30)]
