@@ -34,7 +34,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # What the steps' soakd children import (the run session, the sweep, the samplers), not only the
 # CLI: a module-level import of a package the image lacks must fail here, not in every step.
 works() {
-  "$1" -c 'import soakd.cli, soakd.run.session, soakd.run.sweep, soakd.telemetry.pipeline, soakd.analysis.monitor,
+  "$1" -c 'import soakd.cli, soakd.run.session, soakd.run.sweep, soakd.telemetry.pipeline, soakd.analysis.monitor
 import bench.gpu_steps, torch, pynvml, apscheduler, prometheus_client, pytest' >/dev/null 2>&1
 }
 
