@@ -11,6 +11,8 @@ says at start is exit 2 naming the URL, never exit 3.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from soakd.cli import main
 from soakd.errors import TargetError
 from soakd.request import Request
 from soakd.targets.client import ClientTarget
@@ -452,3 +455,111 @@ def test_1_gib_answers_keep_soakds_peak_rss_under_1_gib(bodies: Path, tmp_path: 
     assert rc in (0, 1), rc
     assert s["requests"]["error"] >= 2 and s["requests"].get("ok", 0) == 0, s["requests"]
     assert rss < 1024 * MIB, f"peak RSS {rss / MIB:.0f} MiB"
+
+
+# =========================================================================== damaged files: compare, fleet
+
+GOOD: dict[str, Any] = {
+    "throughput_rps": 100.0,
+    "duration_seconds": 10.0,
+    "requests": {"ok": 1000, "error": 0},
+    "latency_ms": {"e2e": {"p50": 1.0, "p90": 2.0, "p99": 3.0, "p999": 4.0, "max": 5.0, "mean": 1.5, "count": 1000}},
+    "batch_size": {"mean": 1.0},
+    "windows": [{"t": 5.0, "seconds": 5.0, "throughput_rps": 100.0, "ok": 500, "errors": 0, "latency_ms": {}}],
+    "memory": {"host_rss": {"slope_bytes_per_hour": 0.0, "leak_suspected": False}},
+    "run": {"host": "h", "device": "cpu", "config": {}},
+    "slo": {"passed": True, "failed": [], "checks": []},
+}
+
+DAMAGE: list[tuple[str, Any, str]] = [
+    ("latency_ms", "fast", "latency_ms: expected an object"),
+    ("latency_ms", {"e2e": "fast"}, "latency_ms.e2e: expected an object"),
+    ("latency_ms", {"e2e": {"p99": "slow"}}, "latency_ms.e2e.p99: expected a number"),
+    ("windows", "many", "windows: expected a list"),
+    ("windows", [5], "windows[0]: expected an object"),
+    ("windows", [{"latency_ms": {"e2e": {"p99": [1]}}}], "windows[0].latency_ms.e2e.p99"),
+    ("llm", "tokens", "llm: expected an object or null"),
+    ("llm", {"itl_ms": {"count": "many"}}, "llm.itl_ms.count"),
+    ("run", "abc", "run: expected an object or null"),
+    ("run", {"config": 5}, "run.config: expected an object"),
+    ("requests", 5, "requests: expected an object"),
+    ("requests", {"ok": "1000"}, "requests.ok: expected a count"),
+    ("requests", {"ok": True}, "requests.ok: expected a count"),
+    ("requests", {"ok": 10**30}, "requests.ok: expected a count"),
+    ("memory", "lots", "memory: expected an object"),
+    ("memory", {"host_rss": 5}, "memory.host_rss: expected an object"),
+    ("memory", {"host_rss": {"slope_bytes_per_hour": "up"}}, "memory.host_rss.slope_bytes_per_hour"),
+    ("throughput_rps", "fast", "throughput_rps: expected a number"),
+    ("slo", {"failed": 5}, "slo.failed"),
+]
+
+
+def cli(*args: str) -> tuple[int, str]:
+    """``soakd ARGS`` through its entry point in this process (the offline commands load no
+    model): the exit code and stderr a user gets."""
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        rc = main(list(args))
+    return rc, err.getvalue()
+
+
+def damaged(tmp_path: Path, key: str, value: Any) -> tuple[Path, Path]:
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(GOOD))
+    bad.write_text(json.dumps({**GOOD, key: value}))
+    return good, bad
+
+
+def test_the_good_summary_compares_and_makes_a_fleet(tmp_path: Path) -> None:
+    """The damaged cases below differ from this one by one key."""
+    good, _ = damaged(tmp_path, "x", 1)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**GOOD, "run": {"host": "g", "device": "cpu"}}))
+    assert cli("compare", str(good), str(other))[0] == 0
+    assert cli("report", "--fleet", str(good), str(other))[0] == 0
+
+
+@pytest.mark.parametrize(("key", "value", "says"), DAMAGE, ids=[f"{d[0]}-{i}" for i, d in enumerate(DAMAGE)])
+def test_compare_on_a_damaged_summary_is_exit_2_naming_file_and_key(
+    key: str, value: Any, says: str, tmp_path: Path
+) -> None:
+    good, bad = damaged(tmp_path, key, value)
+    rc, err = cli("compare", str(good), str(bad))
+    assert rc == 2 and f"{bad}: " in err and says in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("key", "value", "says"), DAMAGE, ids=[f"{d[0]}-{i}" for i, d in enumerate(DAMAGE)])
+def test_a_fleet_of_a_damaged_summary_is_exit_2_naming_file_and_key(
+    key: str, value: Any, says: str, tmp_path: Path
+) -> None:
+    good, bad = damaged(tmp_path, key, value)
+    rc, err = cli("report", "--fleet", str(good), str(bad))
+    assert rc == 2 and f"{bad}: " in err and says in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["compare", "fleet"])
+def test_deeply_nested_json_is_exit_2_naming_the_file(command: str, tmp_path: Path) -> None:
+    good, _ = damaged(tmp_path, "x", 1)
+    deep = tmp_path / "deep.json"
+    deep.write_bytes(b'{"latency_ms": ' + nested(DEEP) + b"}")
+    args = ("compare", str(good), str(deep)) if command == "compare" else ("report", "--fleet", str(good), str(deep))
+    rc, err = cli(*args)
+    assert rc == 2 and f"{deep}: " in err and "nested too deeply" in err, err
+
+
+def test_a_damaged_gpu_of_a_fleet_json_is_exit_2_naming_it(tmp_path: Path) -> None:
+    """A fleet JSON whose GPU entry's report is damaged: compare and a fleet of fleets name it."""
+    fleet = {
+        "fleet": {"gpus": 1},
+        "latency_ms": None,
+        "requests": {"ok": 1},
+        "gpus": [{"name": "g0", "report": {**GOOD, "requests": {"ok": "x"}}}],
+    }
+    path = tmp_path / "fleet.json"
+    path.write_text(json.dumps(fleet))
+    rc, err = cli("compare", str(path), str(path))
+    assert rc == 2 and "gpus[0].report.requests.ok" in err, err
+    rc, err = cli("report", "--fleet", str(path))
+    assert rc == 2 and "gpus[0].report.requests.ok" in err, err
