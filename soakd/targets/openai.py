@@ -15,6 +15,10 @@ block reads, so the engine never knows of tokens):
 
 aiohttp has no SSE client, so the stream is read here: ``data:`` lines, one JSON chunk each,
 until ``data: [DONE]`` or the end of the body (``transformers serve`` sends no ``[DONE]``).
+What a server sends is bounded (docs/limits.md): a line over ``MAX_LINE_BYTES``, a line that is
+no SSE field (an HTML page), a stream without a ``data:`` event, an ``error`` that is not null,
+and a ``usage`` count that is not an integer within 0..``MAX_TOKENS`` make the request an
+error (:class:`~soakd.targets.http.BadAnswer`), never a lost one.
 A server that stops sending mid-stream hits the per-chunk read timeout (aiohttp's
 ``sock_read``): the request is a timeout, never a hang. Non-streaming (``target.stream =
 false``) reads one JSON answer: tokens and goodput (its TTFT is the whole answer's time), no
