@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +57,17 @@ PROMPT = Prompt("hello there", None, 3, 4)
 DEEP = 100_000  # arrays deep: past any JSON parser's recursion limit
 
 
-def drive(target: ClientTarget, payload: Any, n: int = 4, *, join: float | None = None) -> Counter[str]:
+def drive(
+    target: ClientTarget,
+    payload: Any,
+    n: int = 4,
+    *,
+    join: float | None = None,
+    sent: Callable[[], bool] | None = None,
+) -> Counter[str]:
     """Open ``target``, send ``n`` requests of ``payload`` at once and wait until each has its
-    outcome (``join``: instead, end the run after that many seconds, as the engine's drain does);
-    the outcomes counted."""
+    outcome (``join``: instead, once ``sent()`` holds, end the run after that many seconds, as
+    the engine's drain does); the outcomes counted."""
     outcomes: Counter[str] = Counter()
     lock = threading.Lock()
 
@@ -73,6 +80,8 @@ def drive(target: ClientTarget, payload: Any, n: int = 4, *, join: float | None 
         target.start(done)
         target.submit([Request(time.perf_counter(), 0.0, None, payload) for _ in range(n)])
         if join is not None:
+            if sent is not None:
+                wait_for(sent, timeout=20, interval=0.01, what="the requests on the wire")
             target.join(join)
         wait_for(lambda: sum(outcomes.values()) >= n, timeout=20, interval=0.01, what=f"{n} outcomes")
     finally:
@@ -185,7 +194,23 @@ def test_a_stream_still_out_at_the_end_is_a_timeout() -> None:
     still out when the drain ends are counted as timeouts, not lost."""
     with openai_server(sse(chunk(), then_hang=True)) as srv:
         target = openai(srv, timeout=60.0)
-        assert drive(target, PROMPT, n=3, join=0.5) == {"timeout": 3}
+
+        def on_the_wire() -> bool:
+            return srv.hits["/v1/chat/completions"] >= 3
+
+        assert drive(target, PROMPT, n=3, join=0.2, sent=on_the_wire) == {"timeout": 3}
+
+
+def test_a_bad_answer_in_warm_up_is_a_failed_warm_up_not_a_crash() -> None:
+    """Warm-up judges answers as the soak does: every one bad is TargetError (exit 2)."""
+    with openai_server(sse(chunk(), usage_chunk(7, "1" * 400), DONE)) as srv:
+        target = openai(srv)
+        target.open()
+        try:
+            with pytest.raises(TargetError, match="every warm-up request failed"):
+                target.warm_up([PROMPT], 2, threading.Event())
+        finally:
+            target.close()
 
 
 def test_an_exception_nothing_foresaw_is_an_error() -> None:
@@ -372,18 +397,26 @@ def config(tmp_path: Path, text: str) -> list[str]:
     return ["--config", str(path)]
 
 
-def test_a_run_against_overlong_stream_lines_counts_every_request(tmp_path: Path) -> None:
-    """The issue's critical case: 50 MB ``data:`` lines, closed loop, the issue's SLOs. Every
-    request is counted as an error, the loop keeps sending (more requests than the
-    concurrency), and the error SLO is missed (exit 1), not met on nothing."""
-    line = b"data: " + b"x" * (50 * MIB) + b"\n\n"
+@pytest.mark.parametrize(
+    "stream",
+    [(b"data: " + b"x" * (50 * MIB) + b"\n\n", DONE), (chunk(), usage_chunk(7, "1" * 400), DONE)],
+    ids=["50MB-line", "400-digit-tokens"],
+)
+def test_a_run_against_bad_streams_counts_every_request(stream: tuple[bytes, ...], tmp_path: Path) -> None:
+    """The issue's two critical cases, a 50 MB ``data:`` line and a 400-digit token count, in a
+    closed loop with the issue's SLOs: every request is counted as an error, the loop keeps
+    sending (more requests than the concurrency), the run ends in time and the error SLO is
+    missed (exit 1), not met on nothing."""
     slo = config(tmp_path, "[slo]\nmax_error_ratio = 0.001\np99_ms = 1000\n")
-    with openai_server(sse(line, DONE)) as srv:
+    with openai_server(sse(*stream)) as srv:
+        t0 = time.monotonic()
         res, s = run(openai_run(srv, "--concurrency", "2", "--duration", "2s", *slo), tmp_path)
+        took = time.monotonic() - t0
     assert res.returncode == 1, res.stderr
     req = s["requests"]
     assert req.get("ok", 0) == 0 and req["error"] > 2, req
     assert sum(req.values()) == req["error"]
+    assert took < 30
 
 
 def test_a_run_whose_streams_never_end_counts_them_as_timeouts(tmp_path: Path) -> None:
