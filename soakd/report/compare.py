@@ -11,10 +11,8 @@ soon ignored.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
@@ -25,6 +23,7 @@ from soakd.config import CompareConfig
 from soakd.report import units
 from soakd.report.noise import block_bootstrap_ci, difference, quantile_interval, rate_interval
 from soakd.report.slo import error_ratio
+from soakd.report.validate import load_checked
 from soakd.report.windows import series
 from soakd.summary import LLM_TIMINGS
 
@@ -213,9 +212,12 @@ class Comparison:
             return
 
         def gaps_per_request(llm: dict[str, Any]) -> float:
-            gaps, requests = (llm.get(k, {}).get("count") for k in ("itl_ms", "ttft_ms"))
-            ok = isinstance(gaps, int) and isinstance(requests, int) and requests > 0
-            return gaps / requests if ok else 1.0
+            itl: dict[str, Any] = llm.get("itl_ms") or {}
+            ttft: dict[str, Any] = llm.get("ttft_ms") or {}
+            gaps, requests = itl.get("count"), ttft.get("count")
+            if isinstance(gaps, int) and isinstance(requests, int) and requests > 0:
+                return gaps / requests
+            return 1.0
 
         requests = (_per_sample(self.a), _per_sample(self.b))
         gaps = (requests[0] * gaps_per_request(la), requests[1] * gaps_per_request(lb))
@@ -360,9 +362,6 @@ def print_comparison(cmp: Comparison, a_name: str, b_name: str, out: TextIO) -> 
 
 
 def load_result(path: str) -> dict[str, Any]:
-    """A summary (``--summary-json``) or a report (``report --format json``)."""
-    with Path(path).open() as fh:
-        doc = json.load(fh)
-    if not isinstance(doc, dict) or "latency_ms" not in doc:
-        raise ValueError("not a soakd summary or report (no latency_ms)")
-    return doc
+    """A summary (``--summary-json``), a report (``report --format json``) or a fleet JSON, its
+    keys checked: ValueError naming the key that is not what a run writes (exit 2 naming the file)."""
+    return load_checked(path)

@@ -27,6 +27,7 @@ from soakd.errors import Exit, SoakdError, StateError
 from soakd.report.compare import Comparison, print_comparison
 from soakd.report.slo import error_ratio, slo_block
 from soakd.report.sources import load_report
+from soakd.report.validate import Malformed, check_fleet, check_result, is_fleet_doc, load_json
 from soakd.summary import stage_summary
 from soakd.telemetry.catalogue import STAGES
 from soakd.telemetry.histogram import HistSnapshot
@@ -76,7 +77,7 @@ def hists_from_json(data: Any, source: str) -> Hists | None:
         return None
     try:
         return {s: HistSnapshot.from_sparse(d, float(d["sum"]), float(d["max"])) for s, d in data.items()}
-    except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
         raise FleetSourceError(f"{source}: latency_histograms is malformed ({type(exc).__name__}: {exc})") from None
 
 
@@ -106,9 +107,16 @@ def _from_state_dir(path: Path, slo: SloConfig | None) -> GpuRun:
 
 def _from_json(path: Path, slo: SloConfig | None) -> list[GpuRun]:
     try:
-        doc = json.loads(path.read_text())
+        doc = load_json(path)
     except (OSError, ValueError) as exc:
         raise FleetSourceError(f"{path}: cannot read a soakd JSON: {exc}") from None
+    try:
+        if is_fleet_doc(doc):
+            check_fleet(doc)
+        elif isinstance(doc, dict) and "latency_ms" in doc:
+            check_result(doc)
+    except Malformed as exc:
+        raise FleetSourceError(f"{path}: not a soakd summary, report or fleet JSON: {exc}") from None
     if isinstance(doc, dict) and isinstance(doc.get("gpus"), list) and "fleet" in doc:
         runs = []
         for i, gpu in enumerate(doc["gpus"]):

@@ -8,7 +8,11 @@ A protocol is a subclass that opens its client (``_open_client``), checks the ta
 Written here, not taken from a library, because it is the glue between the engine's threads and an
 asyncio client: aiohttp and grpc.aio retry nothing and know nothing of a soak's up/down state.
 
-Every submitted request ends in exactly one ``done`` call (a cancelled one as ``dropped``).
+Every submitted request ends in exactly one ``done`` call, whatever happened to it: an answer
+that is not valid for the protocol, and any exception in its handling (a bug included, logged
+once with its traceback), is ``error``; a request still out when the drain ends (``join``) is
+``timeout`` (``dropped`` if it never left the client), and one cancelled by ``close`` is
+``dropped``. None is lost, so a closed loop never stops for want of a completion.
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ class ClientTarget:
         self._finished = 0  # loop thread only
         self._died: BaseException | None = None
         self._logged: set[str] = set()
+        self._expiring = False  # join() ran out: what it cancels is counted as timed out
         # Up/down: written on the loop thread; _state_lock gives readers a consistent view.
         self._state_lock = threading.Lock()
         self._down_since: float | None = None
@@ -200,10 +205,40 @@ class ClientTarget:
         return self._died
 
     def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the requests out to finish. Those still out then are ended
+        and counted: ``timeout`` (they were sent and had no answer by the end of the drain), or
+        ``dropped`` for those that never left the client; so a run's counts hold every request
+        it sent, also against a server that never finishes an answer. False if any were ended."""
         deadline = time.monotonic() + timeout
         while self._pending() > 0 and time.monotonic() < deadline:
             time.sleep(0.005)
-        return self._pending() == 0
+        if self._pending() == 0:
+            return True
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            try:
+                self._call(self._expire(), 10.0)
+            except Exception as exc:  # the loop is wedged: the run's own outcome says so
+                log.warning("%s target: ending the requests still out failed: %s", self.api, exc)
+        return False
+
+    async def _expire(self) -> None:
+        """Cancel every request still out, counted as ``timeout`` (see :meth:`_one`)."""
+        tasks = list(self._tasks)
+        if not tasks:
+            return
+        self._expiring = True
+        try:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            self._expiring = False
+        log.warning(
+            "%d requests still out at the end of the drain (no answer from %s): counted as timeouts",
+            len(tasks),
+            self.url,
+        )
 
     def _pending(self) -> int:
         with self._submit_lock:
@@ -239,19 +274,21 @@ class ClientTarget:
             if cls == "2xx":
                 outcome = "ok"
             self._mark_up()
-        except asyncio.CancelledError:  # close() with requests still out: counted, then let go
-            self._finish(req, sent, "dropped", "none")
+        except asyncio.CancelledError:  # join() ran out (timeout) or close(): counted, then let go
+            late = self._expiring and sent.t > 0.0  # sent, and no answer by the end of the drain
+            self._finish(req, sent, "timeout" if late else "dropped", "none")
             raise
-        except Exception as exc:
+        except Exception as exc:  # every failure is counted: never a lost request or a dead loop
             kind = self._failure(exc)
-            if kind is None:
-                raise
+            cls = getattr(exc, "cls", cls)  # an answer judged bad after its status: its class
             if kind == "timeout":
                 outcome = "timeout"
             elif kind == "down":
                 self._mark_down(exc)
-            else:
+            elif kind == "bad":
                 self._log_once(type(exc).__name__, f"bad answer from target: {type(exc).__name__}: {self._reason(exc)}")
+            else:  # not a failure the protocol knows: a bug, or an answer nothing foresaw
+                self._log_unexpected(exc)
         self._finish(req, sent, outcome, cls)
 
     def _finish(self, req: Request, sent: Sent, outcome: str, cls: str) -> None:
@@ -268,6 +305,18 @@ class ClientTarget:
         except Exception as exc:  # the engine's bookkeeping failed: the run must stop, not hang
             self._died = exc
             log.exception("%s target: completing a request failed", self.api)
+
+    def _log_unexpected(self, exc: BaseException) -> None:
+        key = f"unexpected {type(exc).__name__}"
+        if key not in self._logged:
+            self._logged.add(key)
+            log.error(
+                "%s target: a request failed unexpectedly, counted as an error (%s; further ones are counted, "
+                "not logged)",
+                self.api,
+                self.url,
+                exc_info=exc,
+            )
 
     def _log_once(self, key: str, message: str) -> None:
         if key not in self._logged:
@@ -339,7 +388,8 @@ class ClientTarget:
         except Exception as exc:
             kind = self._failure(exc)
             if kind is None:
-                raise
+                self._log_unexpected(exc)
+                return f"{type(exc).__name__}: {self._reason(exc)}"
             return "timeout" if kind == "timeout" else self._reason(exc)
         return None if cls == "2xx" else cls
 

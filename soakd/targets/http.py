@@ -12,19 +12,90 @@ up/down state and back-off are :class:`~soakd.targets.client.ClientTarget`'s.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import reprlib
 import socket
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
 import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 
 from soakd.errors import TargetError
 from soakd.targets.client import CHECK_TIMEOUT, ClientTarget, Failure, Sent
 
 log = logging.getLogger("soakd.target")
+
+
+MAX_BODY_BYTES = 64 * 1024 * 1024  # an answer past this is an error, read no further (docs/limits.md)
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = _SHORT.maxlong = 60
+_SHORT.maxlevel = 3
+
+
+def short(value: Any) -> str:
+    """``value`` as a short repr for a log line, however large or deeply nested it is."""
+    return _SHORT.repr(value)
+
+
+class BadAnswer(aiohttp.ClientError):
+    """An answer that is not valid for the protocol (not JSON, an ``error`` in a 2xx, too large,
+    a line past its bound): counted as ``error``. ``cls``: the answer's status class, when it
+    had one."""
+
+    def __init__(self, message: str, cls: str = "none") -> None:
+        super().__init__(message)
+        self.cls = cls
+
+
+async def read_body(resp: aiohttp.ClientResponse, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The whole body, read as it comes and never past ``limit`` bytes: a larger one (by its
+    ``Content-Length``, or as counted) is :class:`BadAnswer` and its connection is closed, so a
+    server's 1 GiB answer costs soakd at most ``limit`` bytes per connection."""
+    cls = status_class(resp.status)
+    declared = resp.content_length
+    if declared is not None and declared > limit:
+        resp.close()
+        raise BadAnswer(f"answer of {declared} bytes, over the bound of {limit} bytes", cls)
+    buf = bytearray()
+    async for chunk in resp.content.iter_any():
+        if len(buf) + len(chunk) > limit:
+            resp.close()
+            raise BadAnswer(f"answer over the bound of {limit} bytes (read no further)", cls)
+        buf += chunk
+    return bytes(buf)
+
+
+async def discard_body(resp: aiohttp.ClientResponse, limit: int = MAX_BODY_BYTES) -> int:
+    """Read the body to its end holding none of it; its size. Past ``limit`` bytes: BadAnswer,
+    as :func:`read_body`."""
+    cls = status_class(resp.status)
+    declared = resp.content_length
+    if declared is not None and declared > limit:
+        resp.close()
+        raise BadAnswer(f"answer of {declared} bytes, over the bound of {limit} bytes", cls)
+    n = 0
+    async for chunk in resp.content.iter_any():
+        n += len(chunk)
+        if n > limit:
+            resp.close()
+            raise BadAnswer(f"answer over the bound of {limit} bytes (read no further)", cls)
+    return n
+
+
+def parse_json(data: bytes, what: str = "answer") -> Any:
+    """JSON from a server, bounded in depth by the interpreter's recursion limit: ValueError
+    naming what is wrong (not JSON, nested too deeply), never RecursionError."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError(f"the {what} is JSON nested too deeply") from None
+    except ValueError:  # UnicodeDecodeError included
+        raise ValueError(f"the {what} is not JSON: {short(data[:80])}") from None
 
 
 # The request the running task is sending: each asyncio task has its own context, so the
@@ -76,6 +147,7 @@ class AiohttpTarget(ClientTarget):
     A protocol's ``_exchange`` calls ``self.sending(sent)`` before its request."""
 
     _session: aiohttp.ClientSession | None = None
+    max_body_bytes = MAX_BODY_BYTES  # the largest answer read; past it the answer is an error
 
     async def _open_client(self) -> None:
         self._session = aiohttp.ClientSession(
@@ -103,7 +175,7 @@ class AiohttpTarget(ClientTarget):
             return "timeout"
         if isinstance(exc, aiohttp.ClientConnectionError | OSError):  # refused, reset, server gone
             return "down"
-        if isinstance(exc, aiohttp.ClientError):  # an answer that is not valid HTTP
+        if isinstance(exc, aiohttp.ClientError | HttpProcessingError):  # an answer that is not valid HTTP
             return "bad"
         return None
 
@@ -141,7 +213,8 @@ class AiohttpTarget(ClientTarget):
 
 
 class HttpTarget(AiohttpTarget):
-    """``--api http``: a served model behind one HTTP endpoint; 2xx is ok."""
+    """``--api http``: a served model behind one HTTP endpoint; 2xx is ok. The body is read to
+    its end and dropped as it comes (never held); past ``MAX_BODY_BYTES`` it is an error."""
 
     api = "http"
 
@@ -158,5 +231,5 @@ class HttpTarget(AiohttpTarget):
     async def _exchange(self, payload: Any, sent: Sent | None) -> str:
         self.sending(sent)
         async with self.session.post(self.url, data=payload, headers=self._headers) as resp:
-            await resp.read()
+            await discard_body(resp, self.max_body_bytes)
             return self._answered(resp.status)

@@ -24,19 +24,30 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+import aiohttp
 import grpc
 import numpy as np
 import torch
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from soakd.config import TENSOR_OVERHEAD_BYTES, InputConfig, format_bytes, host_memory_bytes
 from soakd.errors import TargetError
 from soakd.specs import V2_DATATYPES, Shape, parse_shape_mix
 from soakd.targets.client import CHECK_TIMEOUT, ClientTarget, Failure, Sent
-from soakd.targets.http import AiohttpTarget, status_class
+from soakd.targets.http import (
+    MAX_BODY_BYTES,
+    AiohttpTarget,
+    BadAnswer,
+    parse_json,
+    read_body,
+    short,
+    status_class,
+)
 
 log = logging.getLogger("soakd.target")
 
@@ -67,8 +78,10 @@ GRPC_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 50),
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.max_send_message_length", -1),
-    ("grpc.max_receive_message_length", -1),
+    # An answer past this fails its call (RESOURCE_EXHAUSTED, class 4xx): never held whole.
+    ("grpc.max_receive_message_length", MAX_BODY_BYTES),
 ]
+MAX_DIM = 2**63 - 1  # a dimension of a v2 shape is an int64
 
 
 @dataclass(frozen=True)
@@ -86,18 +99,30 @@ class V2Model:
     """The served model's name and what soakd was told to send it; :meth:`settle` checks that
     against the model's metadata."""
 
-    def __init__(self, url: str, name: str, shapes: str, datatype: str | None, *, samples: bool) -> None:
+    def __init__(
+        self,
+        url: str,
+        name: str,
+        shapes: str,
+        datatype: str | None,
+        *,
+        samples: bool,
+        pool: int = InputConfig.pool,
+    ) -> None:
         self.url = url
         self.name = name
         self.shapes = shapes
         self.datatype = datatype
         self.samples = samples  # whole requests from --samples: no tensor is made
+        self.pool = pool  # tensors made per shape (input.pool)
         self.input: V2Input | None = None
 
-    def settle(self, inputs: list[dict[str, Any]]) -> None:
+    def settle(self, inputs: Any, source: str | None = None) -> None:
         """Name the input and fit the configured shapes and datatype to the metadata's ``inputs``;
-        TargetError naming both sides when they do not fit."""
+        TargetError naming both sides when they do not fit, or naming ``source`` (where the
+        metadata came from) and the key when the metadata is malformed."""
         where = f"model {self.name!r} at {self.url}"
+        inputs = _check_inputs(inputs, source or where)
         if self.samples:
             return
         if len(inputs) > 1:
@@ -121,8 +146,10 @@ class V2Model:
                 "(give whole requests with --samples)"
             )
         raw_shape = meta.get("shape")
-        declared = tuple(int(d) for d in raw_shape) if raw_shape else None
+        declared = tuple(raw_shape) if raw_shape else None
         spec = self.shapes or _default_spec(declared, where, name)
+        if not self.shapes:  # the metadata's shape: the bound --input-shapes is held to (docs/limits.md)
+            _check_memory(spec, datatype, self.pool, where, name)
         sent = {}
         for shape, _ in parse_shape_mix(spec):
             fitted = _fit(shape, declared)
@@ -153,6 +180,46 @@ class V2Model:
             arr = np.abs(arr) * 2
         sent = self.input.sent[shape]
         return sent, np.ascontiguousarray(arr.astype(dtype).reshape(sent))
+
+
+def _check_inputs(inputs: Any, source: str) -> list[dict[str, Any]]:
+    """The metadata's ``inputs`` as a list of ``{name, datatype, shape}`` objects; TargetError
+    naming ``source`` and the key when it is not one (a server's metadata is untrusted input)."""
+
+    def bad(key: str, value: Any, want: str) -> TargetError:
+        return TargetError(f"target.url: {source}: malformed model metadata: {key} is {short(value)}, not {want}")
+
+    if inputs is None:
+        return []
+    if not isinstance(inputs, list):
+        raise bad("inputs", inputs, "a list of tensor descriptions")
+    for i, meta in enumerate(inputs):
+        if not isinstance(meta, dict):
+            raise bad(f"inputs[{i}]", meta, "an object with name, datatype and shape")
+        for key in ("name", "datatype"):
+            value = meta.get(key)
+            if value is not None and not isinstance(value, str):
+                raise bad(f"inputs[{i}].{key}", value, "a string")
+        shape = meta.get("shape")
+        if shape is None:
+            continue
+        if not isinstance(shape, list) or any(type(d) is not int or not -1 <= d <= MAX_DIM for d in shape):
+            raise bad(f"inputs[{i}].shape", shape, "a list of integer dimensions (-1: any size)")
+    return inputs
+
+
+def _check_memory(spec: str, datatype: str, pool: int, where: str, name: str) -> None:
+    """The tensors a shape taken from the metadata makes must fit the bound that config validation
+    holds ``--input-shapes`` to: ``input.pool`` of each within half this host's RAM."""
+    itemsize = np.dtype(V2_DATATYPES[datatype]).itemsize
+    need = sum(pool * (math.prod(shape) * itemsize + TENSOR_OVERHEAD_BYTES) for shape, _ in parse_shape_mix(spec))
+    host = host_memory_bytes()
+    if need > host // 2:
+        raise TargetError(
+            f"input.shapes: {where} declares input {name!r} as {spec} {datatype}: {pool} pooled tensors of it need "
+            f"{format_bytes(need)}, over the bound of half this host's RAM, {format_bytes(host // 2)} of "
+            f"{format_bytes(host)} (give --input-shapes)"
+        )
 
 
 def _default_spec(declared: tuple[int, ...] | None, where: str, name: str) -> str:
@@ -198,12 +265,15 @@ class KServeRestTarget(AiohttpTarget):
     async def _get_json(self, url: str) -> tuple[int, Any]:
         resp = await self._reachable("GET", url)
         async with resp:
-            body = await resp.read()
+            try:
+                body = await read_body(resp, self.max_body_bytes)
+            except aiohttp.ClientError as exc:
+                raise TargetError(f"target.url: {url}: {exc}") from None
         try:
-            return resp.status, json.loads(body)
-        except ValueError:
+            return resp.status, parse_json(body)
+        except ValueError as exc:
             if resp.status == 200:
-                raise TargetError(f"target.url: {url}: not a KServe v2 server? (the answer is not JSON)") from None
+                raise TargetError(f"target.url: {url}: not a KServe v2 server? ({exc})") from None
             return resp.status, {}
 
     async def _check(self) -> None:
@@ -219,7 +289,7 @@ class KServeRestTarget(AiohttpTarget):
         status, meta = await self._get_json(self._model_url)
         if status != 200 or not isinstance(meta, dict):
             raise TargetError(f"target.url: {self._model_url}: no model metadata (HTTP {status})")
-        self.model.settle(list(meta.get("inputs") or []))
+        self.model.settle(meta.get("inputs"), self._model_url)
 
     def encode(self, shape: Shape, tensor: torch.Tensor) -> bytes:
         assert self.model.input is not None
@@ -230,11 +300,30 @@ class KServeRestTarget(AiohttpTarget):
     async def _exchange(self, payload: Any, sent: Sent | None) -> str:
         self.sending(sent)
         async with self.session.post(self._infer_url, data=payload, headers=self._headers) as resp:
-            body = await resp.read()
+            body = await read_body(resp, self.max_body_bytes)
+            cls = status_class(resp.status)
             if not 200 <= resp.status < 300:  # the server's "error" text says why, once
                 said = body[:200].decode("utf-8", "replace")
                 self._log_once(f"status {resp.status}", f"target answered HTTP {resp.status}: {said}")
-            return status_class(resp.status)
+                return cls
+            _check_answer(body, cls)
+            return cls
+
+
+def _check_answer(body: bytes, cls: str) -> None:
+    """A 2xx infer answer is a v2 response (a JSON object with an ``outputs`` list and no
+    ``error``); anything else (HTML, ``{"error": ...}``) is BadAnswer: outcome ``error``."""
+    try:
+        doc = parse_json(body)
+    except ValueError as exc:
+        raise BadAnswer(str(exc), cls) from None
+    if not isinstance(doc, dict):
+        raise BadAnswer(f"not a v2 infer response: {short(doc)}", cls)
+    err = doc.get("error")
+    if err is not None:
+        raise BadAnswer(f"error: {err if isinstance(err, str) else short(err)}"[:300], cls)
+    if not isinstance(doc.get("outputs"), list):
+        raise BadAnswer(f"not a v2 infer response (no outputs list): {short(doc)}", cls)
 
 
 class KServeGrpcTarget(ClientTarget):
@@ -287,7 +376,8 @@ class KServeGrpcTarget(ClientTarget):
         if not ready.ready:
             raise TargetError(f"target.model: {self.model.name!r} at {self.url}: not ready (ModelReady: false)")
         meta = await self._ask("ModelMetadata", service_pb2.ModelMetadataRequest(name=self.model.name))
-        self.model.settle([{"name": i.name, "datatype": i.datatype, "shape": list(i.shape)} for i in meta.inputs])
+        inputs = [{"name": i.name, "datatype": i.datatype, "shape": list(i.shape)} for i in meta.inputs]
+        self.model.settle(inputs, f"{self.url} (ModelMetadata)")
 
     def encode(self, shape: Shape, tensor: torch.Tensor) -> Any:
         assert self.model.input is not None

@@ -15,6 +15,10 @@ block reads, so the engine never knows of tokens):
 
 aiohttp has no SSE client, so the stream is read here: ``data:`` lines, one JSON chunk each,
 until ``data: [DONE]`` or the end of the body (``transformers serve`` sends no ``[DONE]``).
+What a server sends is bounded (docs/limits.md): a line over ``MAX_LINE_BYTES``, a line that is
+no SSE field (an HTML page), a stream without a ``data:`` event, an ``error`` that is not null,
+and a ``usage`` count that is not an integer within 0..``MAX_TOKENS`` make the request an
+error (:class:`~soakd.targets.http.BadAnswer`), never a lost one.
 A server that stops sending mid-stream hits the per-chunk read timeout (aiohttp's
 ``sock_read``): the request is a timeout, never a hang. Non-streaming (``target.stream =
 false``) reads one JSON answer: tokens and goodput (its TTFT is the whole answer's time), no
@@ -29,10 +33,11 @@ import math
 from typing import Any
 
 import aiohttp
+from aiohttp.http_exceptions import LineTooLong
 
 from soakd.errors import TargetError
 from soakd.targets.client import Failure, Sent
-from soakd.targets.http import AiohttpTarget
+from soakd.targets.http import AiohttpTarget, BadAnswer, parse_json, read_body, short
 from soakd.telemetry.catalogue import Metrics
 from soakd.workload.prompts import WORDS_PER_TOKEN, Prompt
 
@@ -40,10 +45,11 @@ log = logging.getLogger("soakd.target")
 
 JSON_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
 FLUSH_GAPS = 256  # inter-token gaps held per request before they go into the histogram
-
-
-class BadAnswer(aiohttp.ClientError):
-    """A 2xx answer that is not a completion (not JSON, an ``error`` chunk): counted as an error."""
+MAX_LINE_BYTES = 1024 * 1024  # one SSE line (one chunk); longer: the request is an error
+# One request's token count: past it a server's usage is not a count (an int64 sum of them
+# stays exact for 2**32 requests; no model's context comes near 2**31 tokens).
+MAX_TOKENS = 2**31
+SSE_FIELDS = frozenset((b"data", b"event", b"id", b"retry"))
 
 
 class OpenAITarget(AiohttpTarget):
@@ -90,11 +96,10 @@ class OpenAITarget(AiohttpTarget):
                     "is the URL the API base, e.g. http://host:8000/v1?)"
                 )
             try:
-                data = await resp.json(content_type=None)
-            except (ValueError, aiohttp.ClientError):
-                raise TargetError(f"target.url: {url}: the answer is not JSON") from None
-        listed = data.get("data") if isinstance(data, dict) else None
-        ids = [m["id"] for m in listed or [] if isinstance(m, dict) and isinstance(m.get("id"), str)]
+                data = parse_json(await read_body(resp, self.max_body_bytes))
+            except (ValueError, aiohttp.ClientError) as exc:
+                raise TargetError(f"target.url: {url}: {exc}") from None
+        ids = _model_ids(data, url)
         if self.model is None:
             if not ids:
                 raise TargetError(f"target.url: {url}: lists no models; name one with --target-model")
@@ -127,47 +132,60 @@ class OpenAITarget(AiohttpTarget):
             if not 200 <= resp.status < 300:
                 await resp.read()
                 return self._answered(resp.status)
-            if self.stream:
+            if self.stream and resp.content_type != "application/json":
                 await self._read_stream(resp, payload, sent)
-            else:
+            else:  # asked to stream, a server may still answer with one JSON completion
                 await self._read_whole(resp, payload, sent)
             return "2xx"
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, p: Prompt, sent: Sent | None) -> None:
         clock = self._clock
         first = last = 0.0
-        chunks = 0
+        chunks = events = 0
         usage: dict[str, Any] | None = None
         gaps: list[float] = []
-        try:
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):  # blank separators, ": keep-alive", event:/id: fields
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                chunk = _json(data)
-                if isinstance(chunk.get("usage"), dict):
-                    usage = chunk["usage"]
-                if not _content(chunk):
-                    continue
-                now = clock()
-                if chunks:
-                    gaps.append(now - last)
-                    if len(gaps) >= FLUSH_GAPS and sent is not None:
-                        self._itl.observe_many(gaps)
-                        gaps.clear()
-                else:
-                    first = now
-                last = now
-                chunks += 1
-        except ValueError as exc:  # aiohttp: a line past its buffer limit
-            raise BadAnswer(f"unreadable stream: {exc}") from None
+        content = resp.content
+        while True:
+            try:
+                raw = await content.readline(max_line_length=MAX_LINE_BYTES)
+            except (LineTooLong, ValueError):  # aiohttp: a line past the bound
+                raise BadAnswer(f"a stream line over {MAX_LINE_BYTES} bytes", "2xx") from None
+            if not raw:
+                break
+            line = raw.strip()
+            if not line or line.startswith(b":"):  # blank separators, ": keep-alive" comments
+                continue
+            field, _, value = line.partition(b":")
+            if field != b"data":
+                if field not in SSE_FIELDS:  # HTML, a JSON answer, anything but an event stream
+                    raise BadAnswer(f"not an event stream: {short(line[:80])}", "2xx")
+                continue
+            events += 1
+            data = value.strip()
+            if data == b"[DONE]":
+                break
+            chunk = _json(data)
+            if isinstance(chunk.get("usage"), dict):
+                usage = chunk["usage"]
+            if not _content(chunk):
+                continue
+            now = clock()
+            if chunks:
+                gaps.append(now - last)
+                if len(gaps) >= FLUSH_GAPS and sent is not None:
+                    self._itl.observe_many(gaps)
+                    gaps.clear()
+            else:
+                first = now
+            last = now
+            chunks += 1
+        if not events:
+            raise BadAnswer("the stream ended without a single data: event", "2xx")
+        out_tokens = _tokens(usage, "completion_tokens", chunks)
+        in_tokens = _tokens(usage, "prompt_tokens", p.input_tokens)
         if sent is None:  # warm-up: nothing recorded
             return
-        out_tokens = _tokens(usage, "completion_tokens", chunks)
-        self._count_tokens(_tokens(usage, "prompt_tokens", p.input_tokens), out_tokens)
+        self._count_tokens(in_tokens, out_tokens)
         ttft = first - sent.intended if chunks else math.inf
         tpot = (last - first) / (out_tokens - 1) if chunks and out_tokens > 1 else None
         if chunks:
@@ -180,14 +198,17 @@ class OpenAITarget(AiohttpTarget):
             self._goodput.inc()
 
     async def _read_whole(self, resp: aiohttp.ClientResponse, p: Prompt, sent: Sent | None) -> None:
-        answer = _json(await resp.read())
-        if sent is None:
-            return
+        answer = _json(await read_body(resp, self.max_body_bytes))
+        if not isinstance(answer.get("choices"), list):
+            raise BadAnswer(f"not a completion (no choices): {short(answer)}", "2xx")
         text = _content(answer)
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
         estimate = round(len(text.split()) / WORDS_PER_TOKEN) if text else 0
         n_in = _tokens(usage, "prompt_tokens", p.input_tokens)
-        self._count_tokens(n_in, _tokens(usage, "completion_tokens", estimate))
+        n_out = _tokens(usage, "completion_tokens", estimate)
+        if sent is None:
+            return
+        self._count_tokens(n_in, n_out)
         if self._clock() - sent.intended <= self._ttft_limit:  # the first token came with the last
             self._goodput.inc()
 
@@ -204,16 +225,38 @@ class OpenAITarget(AiohttpTarget):
         return super()._failure(exc)
 
 
+def _model_ids(data: Any, url: str) -> list[str]:
+    """The model ids a ``GET /models`` answer lists; TargetError naming the URL and what is
+    wrong when it is not an OpenAI model list."""
+    if not isinstance(data, dict):
+        raise TargetError(f"target.url: {url}: not an OpenAI model list (the answer is {type(data).__name__})")
+    listed = data.get("data")
+    if listed is None:
+        return []
+    if not isinstance(listed, list):
+        raise TargetError(
+            f"target.url: {url}: not an OpenAI model list ('data' is {type(listed).__name__}: {short(listed)})"
+        )
+    ids = []
+    for i, m in enumerate(listed):
+        mid = m.get("id") if isinstance(m, dict) else None
+        if not isinstance(mid, str):
+            raise TargetError(f"target.url: {url}: not an OpenAI model list (data[{i}] has no string 'id': {short(m)})")
+        ids.append(mid)
+    return ids
+
+
 def _json(data: bytes) -> dict[str, Any]:
     try:
-        obj = json.loads(data)
-    except ValueError:
-        raise BadAnswer(f"not JSON: {data[:80]!r}") from None
+        obj = parse_json(data)
+    except ValueError as exc:
+        raise BadAnswer(str(exc), "2xx") from None
     if not isinstance(obj, dict):
-        raise BadAnswer(f"not a JSON object: {data[:80]!r}")
-    if "error" in obj:  # vLLM and others report a failure mid-stream as an error chunk
-        err = obj["error"]
-        raise BadAnswer(f"error: {err.get('message', err) if isinstance(err, dict) else err}")
+        raise BadAnswer(f"not a JSON object: {short(data[:80])}", "2xx")
+    err = obj.get("error")
+    if err is not None:  # vLLM and others report a failure mid-stream as an error chunk
+        said = err.get("message", err) if isinstance(err, dict) else err
+        raise BadAnswer(f"error: {said if isinstance(said, str) else short(said)}"[:300], "2xx")
     return obj
 
 
@@ -233,5 +276,11 @@ def _content(obj: dict[str, Any]) -> str:
 
 
 def _tokens(usage: dict[str, Any] | None, key: str, fallback: int) -> int:
+    """``usage[key]``, or ``fallback`` where the server gives none; an answer whose count is not
+    an integer within 0..MAX_TOKENS (a bool, a float, 1e30, a 400-digit number) is BadAnswer."""
     value = usage.get(key) if usage is not None else None
-    return value if isinstance(value, int) and value >= 0 else fallback
+    if value is None:
+        return fallback
+    if type(value) is not int or not 0 <= value <= MAX_TOKENS:  # bool is an int subclass: not a count
+        raise BadAnswer(f"usage.{key} is {short(value)}, not a token count (an integer 0..{MAX_TOKENS})", "2xx")
+    return value
