@@ -232,7 +232,9 @@ def _kserve_target(cfg: Config, metrics: Metrics, limit: int) -> ClientTarget:
 
     tg = cfg.target
     assert tg.url is not None and tg.model is not None  # config validation requires both
-    model = V2Model(tg.url, tg.model, cfg.input.shapes, tg.datatype, samples=cfg.input.samples is not None)
+    model = V2Model(
+        tg.url, tg.model, cfg.input.shapes, tg.datatype, samples=cfg.input.samples is not None, pool=cfg.input.pool
+    )
     return kserve_target(tg.url, metrics, model=model, max_connections=limit, timeout=tg.timeout)
 
 

@@ -35,8 +35,9 @@ import numpy as np
 import torch
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from soakd.config import TENSOR_OVERHEAD_BYTES, InputConfig, format_bytes, host_memory_bytes
+from soakd.config import TENSOR_OVERHEAD_BYTES, InputConfig, format_bytes
 from soakd.errors import TargetError
+from soakd.host_limits import host_memory_bytes
 from soakd.specs import V2_DATATYPES, Shape, parse_shape_mix
 from soakd.targets.client import CHECK_TIMEOUT, ClientTarget, Failure, Sent
 from soakd.targets.http import (
