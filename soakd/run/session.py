@@ -218,11 +218,14 @@ class RunSession:
         log.info("draining %d requests in flight (up to %.0fs)", engine.inflight, cfg.load.drain_timeout)
         queued = engine.stats().queued
         if not engine.stop():
-            log.warning(
-                "drain timed out after %.1fs: %d requests that never reached the model are counted as dropped",
-                cfg.load.drain_timeout,
-                queued,
+            # In process, the queue never reached the model (dropped); a served model's requests
+            # still out are ended by the target (sent: timeout, never sent: dropped).
+            where = (
+                f"{queued} requests that never reached the model are counted as dropped"
+                if isinstance(target, LocalModelTarget)
+                else "the requests still out at the target are counted as timeouts (never sent: dropped)"
             )
+            log.warning("drain timed out after %.1fs: %s", cfg.load.drain_timeout, where)
         life.set_phase("done")
         life.end_segment(
             "completed" if self.stop.signal is None else self.stop.name,
