@@ -12,14 +12,20 @@ At every look (every evaluation of the live monitor, every step of a replay):
     least-squares slope's variance over any span at this noise;
   * spans of the newest ``min_span``, 2x, 4x ... up to ``window`` seconds are tested, each
     after taking out its single largest level shift if one stands out (a new input shape is
-    not a leak; a staircase still trends). A span of d seconds is flagged when its one-sided
-    p-value is below ``alpha * d / (spans * 24 h)``: about 24 h / d looks at a span of that
-    length are independent, so over 24 h of judging the chance of any false alarm stays
-    near ``alpha`` (Bonferroni over spans and independent looks; neighbouring looks share
-    data, which makes it conservative). A strong leak crosses on the shortest span within
+    not a leak; a staircase still trends). The false-alarm budget ``alpha`` is spent over an
+    unbounded run (:meth:`DetectorParams.span_alpha`): judged time is cut into epochs of
+    1 day, 1 day, 2, 4, 8 ... days; epoch j gets ``alpha * 6 / (pi^2 (j+1)^2)`` (the sum over
+    every epoch is alpha), shared equally among the spans and, within a span, among the
+    epoch's L / d independent looks at a span of d seconds. A Bonferroni bound over a
+    countable set of looks: the chance of any false alarm over a run of any length stays
+    below ``alpha`` (neighbouring looks share data, which makes it conservative), and a
+    week-long soak is as safe as a day. A strong leak crosses on the shortest span within
     minutes of warm-up; a faint one on a long span once the data carry it;
-  * a flagged span must also grow at least at the series' floor (bytes/hour) and not slow
-    down significantly from its older half to its newer half (a warm-up tail does).
+  * a flagged span must also grow at least at the series' floor (bytes/hour) and must not be
+    settling: a leak's rate does not decay, so a span whose rate is significantly below the
+    rate of the span of equal length before it (the troughs reaching back into warm-up), or
+    below its own older half, is growth levelling off (an exponential warm-up, a log-like
+    arena or caching allocator), reported as "settling", not a leak.
   * a staircase (three or more level shifts up within the window, none given back, still
     coming, not at ever longer gaps as an allocator settling steps) is a leak too when its
     trend stands out from the noise without the shifts: taking out the largest shift hides
@@ -64,6 +70,7 @@ DEFAULT_WINDOW = 6 * 3600.0
 ACCELERATED_BELOW = 1800.0  # a window shorter than this is an accelerated run
 Z90 = 1.2815515655446004  # a leak at (threshold + Z90) standard errors is flagged 90% of the time
 HOLD_Z = 2.0
+SETTLE_Z = 2.0  # a rate this many standard errors below the one before it is settling, not a leak
 WARMUP_SEARCH = 2 * 3600.0  # the data-found end of warm-up is looked for this long past the floor
 KNEE_POINTS = 60  # the knee search runs on at most this many points
 SPAN_PER_TROUGH = 1.0  # the shortest span judged, in trough spans
@@ -81,7 +88,7 @@ class DetectorParams:
     window: float = 6 * 3600.0  # seconds of history judged at most (the longest span)
     trough_span: float = 1800.0  # seconds; the trailing minimum rides out sawtooth up to this period
     bin: float = 60.0  # seconds between trough points
-    alpha: float = 0.01  # false-alarm probability per 24 h of judging a leak-free series
+    alpha: float = 0.01  # false-alarm probability over a whole leak-free run, however long
     persistence: float = 1800.0  # seconds a suspected verdict's signs must be gone before it clears
     min_span: float = 900.0  # seconds: the shortest span judged
     floor_scale: float = 1.0  # the slope floor's factor: time runs this much faster (accelerated runs)
@@ -125,9 +132,14 @@ class DetectorParams:
             n *= 2
         return [*out, hi]
 
-    def span_alpha(self, points: int) -> float:
-        """The one-sided p-value a span of ``points`` must beat (see the module docstring)."""
-        return self.alpha * points * self.bin / (len(self.spans) * max(DAY, self.window))
+    def span_alpha(self, points: int, judged: float = 0.0) -> float:
+        """The one-sided p-value a span of ``points`` must beat after ``judged`` seconds of
+        judging: alpha spent over epochs of judged time (see the module docstring)."""
+        unit = max(DAY, self.window)
+        j = 0 if judged < unit else 1 + math.floor(math.log2(judged / unit))
+        epoch = unit * (1 if j == 0 else 2 ** (j - 1))  # lengths 1, 1, 2, 4 ... units
+        share = self.alpha * 6.0 / (math.pi**2 * (j + 1) ** 2)
+        return share * points * self.bin / (len(self.spans) * epoch)
 
 
 def floor_for(series: str, table: dict[str, float] | None, scale: float = 1.0) -> float:
@@ -165,6 +177,12 @@ class Judgement:
     def keeps(self, suspected: bool) -> bool:
         """The judgement to feed the persistence rule, given the current verdict."""
         return self.holds if suspected else self.positive
+
+    @property
+    def refutes(self) -> bool:
+        """Judged, nothing holds and the troughs do not rise at all: a suspected verdict clears
+        at once (persistence rides out doubt, not evidence against)."""
+        return self.judged and not self.holds and self.slope_bytes_per_hour <= 0
 
 
 @dataclass
@@ -260,13 +278,17 @@ class Grid:
             return Judgement(
                 False, math.nan, 1.0, reason, start, int(y.size), self.last, judged_seconds=(m - w) * p.bin
             )
-        results = [self._span(y, noise, n, floor, full) for n in spans]
-        stair = self._staircase(y[-win:], floor)
+        judged_for = (m - w) * p.bin  # the alpha spending's clock
+        results = [self._span(y, noise, n, floor, full, judged_for) for n in spans]
+        stair = self._staircase(y[-win:], floor, judged_for)
         if stair is not None:
             results.insert(0, stair)  # never the longest span shown for "no leak"
         flagged = [r for r in results if r.positive]
         best = min(flagged or results, key=lambda r: r.p_adj)
-        shown = best if flagged else results[-1]  # a clear verdict shows the longest, steadiest span
+        # A clear verdict shows the longest, steadiest span; one that only holds shows the span
+        # that holds it, so a verdict kept by its signs never reads as a falling slope.
+        holding = [r for r in results if r.holds]
+        shown = best if flagged else min(holding, key=lambda r: r.p_adj) if holding else results[-1]
         p_adj = best.p_adj
         detectable = min(r.detectable for r in results)
         judged = y.size * p.bin  # every trough point judged (the noise), the longest trend span within
@@ -311,7 +333,7 @@ class Grid:
         k = max(1, round(p.trough_span / p.bin))
         return sorted({kk for kk in (1, k // 6, k // 3, k) if kk >= 1}, reverse=True)  # widest first
 
-    def _staircase(self, y: Array, floor: float) -> _Span | None:
+    def _staircase(self, y: Array, floor: float, judged: float) -> _Span | None:
         """A staircase: level shifts up, STAIR_STEPS or more within the window, none given back,
         still coming (the newest gap no longer than STAIR_OPEN times the longest before it), and
         not at ever longer gaps (a caching allocator settling on its working set). Its slope is
@@ -338,7 +360,7 @@ class Grid:
         var = slope_variance(quiet, seg.size)
         se = math.sqrt(var) * per_hour if var > 0 else 0.0
         z = slope / se if se > 0 else (math.inf if slope > 0 else 0.0)
-        alpha_n = p.span_alpha(min(seg.size, round(p.window / p.bin)))
+        alpha_n = p.span_alpha(min(seg.size, round(p.window / p.bin)), judged)
         pv = upper_tail(z) if math.isfinite(z) else 0.0
         p_adj = min(1.0, pv / alpha_n * p.alpha)
         coming = y.size - at[-1] <= STAIR_OPEN * float(np.max(gaps))
@@ -348,7 +370,7 @@ class Grid:
             return None
         return _Span(seg.size, slope, se, p_adj, positive, holds, math.inf, "", len(ups))
 
-    def _span(self, history: Array, noise: Array, n: int, floor: float, full: Array) -> _Span:
+    def _span(self, history: Array, noise: Array, n: int, floor: float, full: Array, judged: float) -> _Span:
         p = self.params
         per_hour = 3600.0 / p.bin
         y = history[-n:]
@@ -356,7 +378,7 @@ class Grid:
         var = slope_variance(noise, n)
         se = math.sqrt(var) * per_hour if var > 0 else math.nan
         slope = ols_slope(yd) * per_hour
-        alpha_n = p.span_alpha(n)
+        alpha_n = p.span_alpha(n, judged)
         zstar = z_for(alpha_n)
         if not math.isfinite(se) or se <= 0:
             # No measurable noise (a constant series, or a quantised one): steady growth is real.
@@ -372,20 +394,22 @@ class Grid:
         if positive and slope < floor:
             positive, why = False, f"slope {slope / MIB:.2f} MiB/h below the floor {floor / MIB:.2f} MiB/h"
         if positive and n >= 10:
+            # Settling, within the span: its newer half rises significantly slower than its older.
             half = n // 2
             old, new = ols_slope(yd[:half]) * per_hour, ols_slope(yd[half:]) * per_hour
             se_half = math.sqrt(max(0.0, 2 * slope_variance(noise, half))) * per_hour
-            if old - new > 2.0 * se_half + 0.5 * max(old, 0.0) and new < 0.5 * old:
-                positive, why = False, f"growth is slowing down ({old / MIB:.2f} then {new / MIB:.2f} MiB/h)"
+            if old - new > SETTLE_Z * se_half:
+                positive, why = False, f"settling: growth is slowing ({old / MIB:.3g} then {new / MIB:.3g} MiB/h)"
         if positive:
-            # Growth that was much faster just before the span is a warm-up still levelling off
-            # (the trough envelope here reaches into the warm-up on purpose).
+            # Settling, across spans: the span of equal length just before rose significantly
+            # faster (the trough envelope here reaches into the warm-up on purpose). A leak's
+            # rate does not decay; a warm-up's or a settling allocator's does.
             before = full[max(0, full.size - 2 * n) : full.size - n]
             before = before[np.isfinite(before)]
             if before.size >= max(5, n // 2):
                 prev = ols_slope(before) * per_hour
-                if prev > 1.5 * slope + 2.0 * math.sqrt(2.0) * se:
-                    why = f"warming up: growth is slowing ({prev / MIB:.3g} then {slope / MIB:.3g} MiB/h)"
+                if prev - slope > SETTLE_Z * math.sqrt(2.0) * se:
+                    why = f"settling: growth is slowing ({prev / MIB:.3g} then {slope / MIB:.3g} MiB/h)"
                     positive = False
         holds = z >= HOLD_Z and slope >= 0.5 * floor
         return _Span(n, slope, se, p_adj, positive, holds, detectable, why)
@@ -420,8 +444,9 @@ class Persistence:
     suspected: bool = False
     _since: float | None = None  # when a suspected verdict stopped holding
 
-    def update(self, now: float, positive: bool) -> bool:
-        """Feed one judgement (``Judgement.keeps``); returns True when the verdict flipped."""
+    def update(self, now: float, positive: bool, refuted: bool = False) -> bool:
+        """Feed one judgement (``Judgement.keeps``, ``Judgement.refutes``); returns True when
+        the verdict flipped."""
         if not self.suspected:
             if positive:
                 self.suspected, self._since = True, None
@@ -432,7 +457,7 @@ class Persistence:
             return False
         if self._since is None:
             self._since = now
-        if now - self._since >= self.hold:
+        if refuted or now - self._since >= self.hold:
             self.suspected, self._since = False, None
             return True
         return False
@@ -470,7 +495,7 @@ def replay(
     for m in looks:
         j = grid.look(m, floor)
         at = m * params.bin
-        if state.update(t0 + at, j.keeps(state.suspected)):
+        if state.update(t0 + at, j.keeps(state.suspected), j.refutes):
             flips.append((at, state.suspected))
             if state.suspected and first_at is None:
                 first_at = at
