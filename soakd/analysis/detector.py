@@ -73,7 +73,7 @@ HOLD_Z = 2.0
 SETTLE_Z = 2.0  # a rate this many standard errors below the one before it is settling, not a leak
 WARMUP_SEARCH = 2 * 3600.0  # the data-found end of warm-up is looked for this long past the floor
 KNEE_POINTS = 60  # the knee search runs on at most this many points
-SPAN_PER_TROUGH = 1.0  # the shortest span judged, in trough spans
+SPAN_PER_TROUGH = 2.0  # the shortest span judged, in trough spans
 HISTORY = 2.0  # a span is judged against the noise of at least this many times its length
 HISTORY_WINDOWS = 2  # the noise is measured over up to this many windows
 STAIR_STEPS = 3  # a staircase has at least this many level shifts up within the window
@@ -246,40 +246,42 @@ class Grid:
             return Judgement(False, math.nan, 1.0, "warming up", start, 0, self.last)
         win = round(p.window / p.bin)
         lo = p.spans[0]
-        y = noise = full = np.zeros(0)
-        spans: list[int] = []
-        best_se = math.inf
-        # The trough span: the one (up to trough_span) that measures the trend most precisely.
-        # Wider rides out a sawtooth; narrower follows plain noise closely. The choice looks at
-        # the noise only, never at the slope, so it spends none of alpha.
+        # The trough span, per span judged: the one (up to trough_span) that measures that
+        # span's trend most precisely. Wider rides out a sawtooth; narrower follows plain noise
+        # closely and leaves short spans to judge. The choice looks at the noise only, never at
+        # the slope, so it spends none of alpha.
+        chosen: dict[int, tuple[float, int, Array, Array]] = {}  # span -> (se, width, troughs, noise)
         for kk in self.trough_choices():
             env = self._envelope(kk, w)[: m - w][-HISTORY_WINDOWS * win :]
             yk = env[np.isfinite(env)]
             # A span needs HISTORY times its length of noise behind it: a swing slower than
             # the data cannot be told from a leak.
             longest = min(int(yk.size / HISTORY), win)
-            # A span shorter than the trough span sees the envelope hold flat and then jump as
-            # an old minimum leaves it: too few changes for any noise estimate to describe.
+            # A span must hold SPAN_PER_TROUGH trailing-minimum widths: within one width the
+            # envelope holds flat and then jumps as an old minimum leaves it, a slope of one or
+            # two independent values whose tail no normal approximation describes.
             shortest = max(lo, round(kk * SPAN_PER_TROUGH))
             if longest < shortest:
                 continue
-            sp = sorted({*(s for s in p.spans if shortest <= s < longest), longest})
             # One level shift is no more noise than it is a leak: the noise is measured with
             # the largest one taken out.
             quiet = take_out_step(yk, yk, max_lag=max(2, round(STEP_SETTLE / p.bin)))
-            se = math.sqrt(slope_variance(quiet, sp[-1]))
-            # A narrower trough span must win clearly: the noise estimate is itself noisy, and
-            # picking the smallest of several would favour one that happens to be too small.
-            if se < 0.7 * best_se or not y.size:
-                y, noise, spans, best_se, full = yk, quiet, sp, se, self._envelope(kk, 0)[:m]
-                self.trough_points = kk
-        if not spans:
+            for n in sorted({*(s for s in p.spans if shortest <= s < longest), longest}):
+                se = math.sqrt(slope_variance(quiet, n))
+                # A narrower width must win clearly: the noise estimate is itself noisy, and
+                # picking the smallest of several would favour one that happens to be too small.
+                if n not in chosen or se < 0.7 * chosen[n][0]:
+                    chosen[n] = (se, kk, yk, quiet)
+        if not chosen:
             reason = "warming up (growth is levelling off)" if w * p.bin > p.warmup + p.bin else "warming up"
-            return Judgement(
-                False, math.nan, 1.0, reason, start, int(y.size), self.last, judged_seconds=(m - w) * p.bin
-            )
+            return Judgement(False, math.nan, 1.0, reason, start, 0, self.last, judged_seconds=(m - w) * p.bin)
+        spans = sorted(chosen)
+        _, self.trough_points, y, _ = chosen[spans[-1]]
         judged_for = (m - w) * p.bin  # the alpha spending's clock
-        results = [self._span(y, noise, n, floor, full, judged_for) for n in spans]
+        results = [
+            self._span(yk, quiet, n, floor, self._envelope(kk, 0)[:m], judged_for)
+            for n, (_, kk, yk, quiet) in sorted(chosen.items())
+        ]
         stair = self._staircase(y[-win:], floor, judged_for)
         if stair is not None:
             results.insert(0, stair)  # never the longest span shown for "no leak"
@@ -394,12 +396,16 @@ class Grid:
         if positive and slope < floor:
             positive, why = False, f"slope {slope / MIB:.2f} MiB/h below the floor {floor / MIB:.2f} MiB/h"
         if positive and n >= 10:
-            # Settling, within the span: its newer half rises significantly slower than its older.
+            # A leak rises at one pace: each half of the span must rise at the span's rate, at
+            # the noise. Settling (the newer half slower) fails it, and so does a level shift
+            # that a short span reads as a steep trend (one half flat, or both flat around a jump).
             half = n // 2
             old, new = ols_slope(yd[:half]) * per_hour, ols_slope(yd[half:]) * per_hour
             se_half = math.sqrt(max(0.0, 2 * slope_variance(noise, half))) * per_hour
             if old - new > SETTLE_Z * se_half:
                 positive, why = False, f"settling: growth is slowing ({old / MIB:.3g} then {new / MIB:.3g} MiB/h)"
+            elif max(abs(old - slope), abs(new - slope)) > SETTLE_Z * se_half:
+                positive, why = False, f"not a steady rise ({old / MIB:.3g} then {new / MIB:.3g} MiB/h): a step"
         if positive:
             # Settling, across spans: the span of equal length just before rose significantly
             # faster (the trough envelope here reaches into the warm-up on purpose). A leak's
@@ -472,13 +478,24 @@ class Replay:
     first_suspected_at: float | None  # seconds from the start of the trace
     flips: list[tuple[float, bool]] = field(default_factory=list)
     evaluations: int = 0
+    first_paged_at: float | None = None  # the first suspicion fast enough to page (``page_above``)
 
 
 def replay(
-    t: Array, v: Array, params: DetectorParams, floor: float, *, step: float = 600.0, stop_on_flag: bool = False
+    t: Array,
+    v: Array,
+    params: DetectorParams,
+    floor: float,
+    *,
+    step: float = 600.0,
+    stop_on_flag: bool = False,
+    page_above: float = 0.0,
 ) -> Replay:
     """Judge a trace every ``step`` seconds (rounded to whole bins) from its start, up to its end
-    (or, with ``stop_on_flag``, up to its first flag: what a power benchmark needs)."""
+    (or, with ``stop_on_flag``, up to its first flag: what a power benchmark needs).
+
+    ``page_above`` (bytes/hour: headroom / ``leak.horizon``) is the live monitor's page rule
+    without its evidence: a suspected verdict pages at the first look whose slope reaches it."""
     if t.size == 0:
         return Replay(Judgement(False, math.nan, 1.0, "no data"), False, None)
     t0, t_end = float(t[0]), float(t[-1])
@@ -491,6 +508,7 @@ def replay(
     state = Persistence(params.persistence)
     flips: list[tuple[float, bool]] = []
     first_at: float | None = None
+    paged_at: float | None = None
     j = Judgement(False, math.nan, 1.0, "warming up")
     for m in looks:
         j = grid.look(m, floor)
@@ -501,4 +519,6 @@ def replay(
                 first_at = at
                 if stop_on_flag:
                     break
-    return Replay(j, state.suspected, first_at, flips, len(looks))
+        if state.suspected and paged_at is None and j.slope_bytes_per_hour >= page_above:
+            paged_at = at
+    return Replay(j, state.suspected, first_at, flips, len(looks), paged_at)
