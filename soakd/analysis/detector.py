@@ -169,6 +169,7 @@ class Judgement:
     detectable_bytes_per_hour: float = math.nan  # caught with 90% probability at this noise
     judged_seconds: float = 0.0  # span of data judged
     building: bool = False  # suspicion is building (p within 20x of alpha)
+    levelling: bool = False  # not judged: the data show warm-up lasting past its floor
 
     @property
     def judged(self) -> bool:
@@ -180,9 +181,12 @@ class Judgement:
 
     @property
     def refutes(self) -> bool:
-        """Judged, nothing holds and the troughs do not rise at all: a suspected verdict clears
-        at once (persistence rides out doubt, not evidence against)."""
-        return self.judged and not self.holds and self.slope_bytes_per_hour <= 0
+        """Judged, nothing holds and the troughs do not rise at all, or the data now call the
+        rise warm-up: a suspected verdict clears at once (persistence rides out doubt, not
+        evidence against)."""
+        if not self.judged:  # the rise judged earlier is now seen to be warm-up levelling off
+            return self.levelling
+        return not self.holds and self.slope_bytes_per_hour <= 0
 
 
 @dataclass
@@ -243,7 +247,8 @@ class Grid:
         w = self.warmup_bins(m)
         start = self.since + w * p.bin
         if m <= w:
-            return Judgement(False, math.nan, 1.0, "warming up", start, 0, self.last)
+            levelling = w * p.bin > p.warmup + p.bin
+            return Judgement(False, math.nan, 1.0, "warming up", start, 0, self.last, levelling=levelling)
         win = round(p.window / p.bin)
         lo = p.spans[0]
         # The trough span, per span judged: the one (up to trough_span) that measures that
@@ -273,8 +278,11 @@ class Grid:
                 if n not in chosen or se < 0.7 * chosen[n][0]:
                     chosen[n] = (se, kk, yk, quiet)
         if not chosen:
-            reason = "warming up (growth is levelling off)" if w * p.bin > p.warmup + p.bin else "warming up"
-            return Judgement(False, math.nan, 1.0, reason, start, 0, self.last, judged_seconds=(m - w) * p.bin)
+            levelling = w * p.bin > p.warmup + p.bin
+            reason = "warming up (growth is levelling off)" if levelling else "warming up"
+            return Judgement(
+                False, math.nan, 1.0, reason, start, 0, self.last, judged_seconds=(m - w) * p.bin, levelling=levelling
+            )
         spans = sorted(chosen)
         _, self.trough_points, y, _ = chosen[spans[-1]]
         judged_for = (m - w) * p.bin  # the alpha spending's clock
