@@ -170,6 +170,14 @@ class Judgement:
     judged_seconds: float = 0.0  # span of data judged
     building: bool = False  # suspicion is building (p within 20x of alpha)
     levelling: bool = False  # not judged: the data show warm-up lasting past its floor
+    slope_se_bytes_per_hour: float = math.nan  # the shown slope's standard error at the noise
+
+    @property
+    def slope_lower_bytes_per_hour(self) -> float:
+        """A one-sided 90% lower bound on the rate: what a page's consequence is judged on (a
+        short span's slope that just crossed the threshold is as likely too steep as not)."""
+        se = self.slope_se_bytes_per_hour
+        return self.slope_bytes_per_hour - Z90 * (se if math.isfinite(se) else 0.0)
 
     @property
     def judged(self) -> bool:
@@ -327,6 +335,7 @@ class Grid:
             detectable,
             judged,
             p_adj < min(1.0, 20 * p.alpha),
+            slope_se_bytes_per_hour=shown.se,
         )
 
     def _envelope(self, k: int, start: int) -> Array:
@@ -503,7 +512,8 @@ def replay(
     (or, with ``stop_on_flag``, up to its first flag: what a power benchmark needs).
 
     ``page_above`` (bytes/hour: headroom / ``leak.horizon``) is the live monitor's page rule
-    without its evidence: a suspected verdict pages at the first look whose slope reaches it."""
+    without its evidence: a suspected verdict pages at the first look whose slope's 90% lower
+    bound reaches it."""
     if t.size == 0:
         return Replay(Judgement(False, math.nan, 1.0, "no data"), False, None)
     t0, t_end = float(t[0]), float(t[-1])
@@ -527,6 +537,6 @@ def replay(
                 first_at = at
                 if stop_on_flag:
                     break
-        if state.suspected and paged_at is None and j.slope_bytes_per_hour >= page_above:
+        if state.suspected and paged_at is None and j.slope_lower_bytes_per_hour >= page_above:
             paged_at = at
     return Replay(j, state.suspected, first_at, flips, len(looks), paged_at)

@@ -214,7 +214,7 @@ class LeakMonitor:
         elif not was and self._findings.get(name, ("", ""))[0] != "allocator_retention":
             # A rise the detector is sure of: page it only when it matters within the horizon,
             # and only if the allocator does not give it back (probed once per rise).
-            finding, why = self._beyond_horizon(eta)
+            finding, why = self._beyond_horizon(name, j)
             if not finding:  # worth a page: the evidence may still show the allocator keeps it
                 evidence = self._evidence(name, j, now)
                 finding, why = self._retention(evidence)
@@ -244,12 +244,18 @@ class LeakMonitor:
         growth = max(0.0, j.slope_bytes_per_hour) * max(0.0, now - j.start) / 3600.0
         return self.evidence.collect(name, growth)
 
-    def _beyond_horizon(self, eta: float) -> tuple[str, str]:
-        """("creep", why) when the headroom outlasts ``leak.horizon`` at this rate; else ("", "")."""
+    def _beyond_horizon(self, name: str, j: Judgement) -> tuple[str, str]:
+        """("creep", why) when the headroom may outlast ``leak.horizon``: judged at the rate's
+        90% lower bound, so a page's consequence is likely, not just possible. Else ("", "")."""
+        headroom = self.limits(name)
+        if headroom is None:
+            return "", ""  # the consequence cannot be measured, so it cannot be ruled out
         horizon = self.cfg.horizon
-        if math.isfinite(eta) and eta > horizon:
+        lower = j.slope_lower_bytes_per_hour
+        eta = max(0.0, headroom) / (lower / 3600.0) if lower > 0 else math.inf
+        if eta > horizon:
             return "creep", (
-                f"slow creep, not paged: the headroom lasts {eta / 86400:.3g} d at this rate, "
+                f"slow creep, not paged: the headroom may last {eta / 86400:.3g} d or more, "
                 f"beyond the {horizon / 86400:.3g} d horizon"
             )
         return "", ""
