@@ -277,3 +277,35 @@ def test_a_suspected_verdict_never_shows_a_falling_slope() -> None:
     assert seen and all(slope > 0 for _, slope in seen), [s for s in seen if s[1] <= 0]
     assert [k for k, _ in events.items] == ["leak_suspected", "leak_cleared"]
     assert not monitor.verdicts()["host_rss"].suspected
+
+
+@pytest.mark.parametrize("pattern", ["creep", "sawtooth"])
+def test_the_live_verdict_and_soakd_analyze_agree(pattern: str, tmp_path: Path) -> None:
+    """The same recorded 3 h series, judged live (a look a minute, headroom unknown) and by
+    `soakd analyze` (a replay every 5 min): one state, one slope sign, and the live flag no
+    later than the replay's (its looks are a superset)."""
+    from soakd.analysis.corpus import generate
+    from soakd.analysis.detector import DetectorParams
+    from soakd.analysis.offline import TraceData, judge_trace
+
+    tr = generate(pattern, 1, duration=3 * 3600.0)
+    t, v = T0 + tr.t, tr.v
+    cfg = LeakConfig()
+    store = SeriesStore(capacity=t.size + 10)
+    monitor = LeakMonitor(store, None, cfg, lambda s: None, since=T0)
+    first_live = None
+    fed = 0
+    for now in np.arange(T0 + 60.0, T0 + 3 * 3600.0 + 1e-9, 60.0):
+        hi = int(np.searchsorted(t, now, side="right"))
+        feed(store, "host_rss", t[fed:hi], v[fed:hi])
+        fed = hi
+        got = monitor.evaluate(float(now))["host_rss"]
+        if got.suspected and first_live is None:
+            first_live = now - T0
+    live = monitor.verdicts()["host_rss"]
+    offline = judge_trace(TraceData(tmp_path / "host_rss.csv", t, v), DetectorParams.from_config(cfg), {}, 300.0)
+    assert live.state == offline["state"], (live.reason, offline["reason"])
+    if live.state == "leak":
+        assert live.slope_bytes_per_hour > 0 and offline["slope_bytes_per_hour"] > 0
+        assert first_live is not None and first_live <= offline["first_suspected_seconds"] + 1e-6
+    assert (pattern == "creep") == (live.state == "leak")
