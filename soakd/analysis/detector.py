@@ -3,13 +3,15 @@ false-alarm probability over a whole run is bounded, and the smallest leak it co
 
 At every look (every evaluation of the live monitor, every step of a replay):
   * the samples go into minima over bins of ``bin`` seconds, aligned to the run's start, and
-    a trailing minimum over ``trough_span`` (the troughs: it rides out GC / allocator sawtooth);
+    a trailing minimum of up to ``trough_span`` (the troughs: it rides out GC / allocator
+    sawtooth), its width chosen per span from the noise alone, among widths the span holds at
+    least twice (within one width the envelope is one or two independent values);
   * the end of warm-up is the configured ``warmup`` (a floor) or later, where the early growth
     decelerates into a plateau (the knee of a two-slope fit), whichever comes last; the
     trailing minimum never reaches back before it;
-  * the trough noise is fitted as white jitter plus a random walk (slow wander) from the
-    variogram of the judged troughs (:func:`soakd.analysis.trend.fit_noise`), which gives the
-    least-squares slope's variance over any span at this noise;
+  * the trough noise is the variogram of the judged troughs
+    (:func:`soakd.analysis.trend.slope_variance`), which gives the least-squares slope's
+    variance over any span at this noise, whatever its autocorrelation;
   * spans of the newest ``min_span``, 2x, 4x ... up to ``window`` seconds are tested, each
     after taking out its single largest level shift if one stands out (a new input shape is
     not a leak; a staircase still trends). The false-alarm budget ``alpha`` is spent over an

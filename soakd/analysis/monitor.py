@@ -11,9 +11,8 @@ Two verdicts per series. The detector's (with persistence) says the troughs rise
 rise would exhaust the measured headroom within ``leak.horizon`` (unknown headroom: paged,
 the consequence cannot be ruled out) and the evidence does not show allocator retention
 (``malloc_trim(0)`` gave the growth back). A rise that is not paged is a finding (state "ok",
-``finding`` "creep" or "allocator_retention", a ``leak_finding`` event): the summary and the
-report say it, an info-level alert may show it, nobody is woken for it.
-"""
+``finding`` "creep" or "allocator_retention", a ``leak_finding`` event, a finite
+``soakd_memory_exhaustion_eta_seconds``): the summary and the report say it; nobody is woken."""
 
 from __future__ import annotations
 
