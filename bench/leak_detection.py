@@ -78,9 +78,9 @@ def judge_one(args: tuple[str, str, int, DetectorParams, float, float, float, fl
     s = start or 0.0
     after = [at for at in ups if at >= s]
     ttv = (after[0] - s) if leaking and after else None
-    return Outcome(
-        which, shape, seed, leaking, r.suspected, bool(ups), ttv is not None, ttv, rate, s, r.first_paged_at is not None
-    )
+    # A leak's page counts once the leak has begun (an earlier one is a false page, as "detected" reads flags).
+    paged = r.first_paged_at is not None and (not leaking or r.first_paged_at >= s)
+    return Outcome(which, shape, seed, leaking, r.suspected, bool(ups), ttv is not None, ttv, rate, s, paged)
 
 
 def pct(k: int, n: int) -> str:
