@@ -63,18 +63,24 @@ class Outcome:
     ttv: float | None  # seconds from leak start to the first flag after it
     rate: float  # bytes/hour
     start: float
+    paged: bool = False  # some suspicion reached the page rate (--headroom): someone was woken
 
 
-def judge_one(args: tuple[str, str, int, DetectorParams, float, float, float]) -> Outcome:
-    which, shape, seed, params, step, floor, hours = args
+HORIZON = 30 * 86400.0  # leak.horizon's default
+
+
+def judge_one(args: tuple[str, str, int, DetectorParams, float, float, float, float]) -> Outcome:
+    which, shape, seed, params, step, floor, hours, page_above = args
     tr = SETS[which].generate(shape, seed, duration=hours * 3600.0)
     t, v, leaking, start, rate = tr.t, tr.v, tr.leaking, tr.leak_start, tr.leak_rate
-    r = replay(t, v, params, floor, step=step)
+    r = replay(t, v, params, floor, step=step, page_above=page_above)
     ups = [at for at, up in r.flips if up]
     s = start or 0.0
     after = [at for at in ups if at >= s]
     ttv = (after[0] - s) if leaking and after else None
-    return Outcome(which, shape, seed, leaking, r.suspected, bool(ups), ttv is not None, ttv, rate, s)
+    # A leak's page counts once the leak has begun (an earlier one is a false page, as "detected" reads flags).
+    paged = r.first_paged_at is not None and (not leaking or r.first_paged_at >= s)
+    return Outcome(which, shape, seed, leaking, r.suspected, bool(ups), ttv is not None, ttv, rate, s, paged)
 
 
 def pct(k: int, n: int) -> str:
@@ -90,18 +96,18 @@ def report(name: str, rows: list[Outcome]) -> None:
     for o in rows:
         by[o.shape].append(o)
     print(f"\n[{name}]")
-    print(f"{'shape':<20}{'kind':<10}{'final':>8}{'ever':>8}{'detected':>10}{'median ttv':>12}")
+    print(f"{'shape':<20}{'kind':<10}{'final':>8}{'ever':>8}{'detected':>10}{'median ttv':>12}{'paged':>8}")
     for shape, rs in by.items():
         if rs[0].leaking:
             tt = [o.ttv for o in rs if o.ttv is not None]
             print(
                 f"{shape:<20}{'leak':<10}{'':>8}{'':>8}{pct(sum(o.detected for o in rs), len(rs)):>10}"
-                f"{median_min(tt):>12}"
+                f"{median_min(tt):>12}{pct(sum(o.paged for o in rs), len(rs)):>8}"
             )
         else:
             print(
                 f"{shape:<20}{'leak-free':<10}{pct(sum(o.final for o in rs), len(rs)):>8}"
-                f"{pct(sum(o.ever for o in rs), len(rs)):>8}"
+                f"{pct(sum(o.ever for o in rs), len(rs)):>8}{'':>10}{'':>12}{pct(sum(o.paged for o in rs), len(rs)):>8}"
             )
     free = [o for o in rows if not o.leaking]
     leak = [o for o in rows if o.leaking]
@@ -110,7 +116,8 @@ def report(name: str, rows: list[Outcome]) -> None:
         print(
             f"false alarms (n={len(free)}): final {pct(sum(o.final for o in free), len(free))}, ever "
             f"{pct(sum(o.ever for o in free), len(free))} (worst {worst}: "
-            f"{pct(sum(o.ever for o in by[worst]), len(by[worst]))})"
+            f"{pct(sum(o.ever for o in by[worst]), len(by[worst]))}); "
+            f"paged {pct(sum(o.paged for o in free), len(free))}"
         )
     if leak:
         worst = min(by, key=lambda s: sum(o.detected for o in by[s]) / len(by[s]) if by[s][0].leaking else 2)
@@ -144,6 +151,12 @@ def main() -> int:
     ap.add_argument("--shapes", default="", help="comma-separated shapes to judge (default all)")
     ap.add_argument("--leak-free", action="store_true", help="judge the leak-free shapes only")
     ap.add_argument("--floor", type=float, default=DEFAULT_FLOOR_BYTES_PER_HOUR, help="bytes/hour")
+    ap.add_argument(
+        "--headroom",
+        type=float,
+        default=0.0,
+        help="GiB of headroom: 'paged' counts suspicions that exhaust it within 30 days (0: every suspicion)",
+    )
     ns = ap.parse_args()
     params = DetectorParams(**{k: float(v) for k, v in (item.split("=", 1) for item in ns.set)})
     only = {x for x in ns.shapes.split(",") if x}
@@ -152,7 +165,7 @@ def main() -> int:
         return (not only or shape in only) and (free or not ns.leak_free)
 
     work = [
-        (name, shape, seed, params, ns.step, ns.floor, ns.hours)
+        (name, shape, seed, params, ns.step, ns.floor, ns.hours, ns.headroom * (1 << 30) / (HORIZON / 3600.0))
         for name in CHOICES[ns.corpus]
         for shape in SETS[name].shapes
         if wanted(shape, shape in SETS[name].leak_free)
@@ -163,7 +176,8 @@ def main() -> int:
         out = list(pool.map(judge_one, work, chunksize=4))
     print(
         f"leak detection: {len(out)} traces of {ns.hours:g} h at 10 s, {ns.seeds} per shape, a look every "
-        f"{ns.step / 60:.0f} min; {params}; floor {ns.floor / MIB:.1f} MiB/h"
+        f"{ns.step / 60:.0f} min; {params}; floor {ns.floor / MIB:.1f} MiB/h; paged at "
+        f"{ns.headroom:g} GiB of headroom over 30 d (>= {ns.headroom * 1024 / 720:.3g} MiB/h)"
     )
     for name in SETS:
         rows = [o for o in out if o.corpus == name]

@@ -209,7 +209,10 @@ class LeakConfig:
     min_slope_bytes_per_hour: dict[str, float] = field(default_factory=dict)
     trough_span: float = _duration(1800.0)  # lower envelope: rides out sawtooth up to this period
     bin: float = _duration(60.0)  # spacing of the trough points
-    alpha: float = 0.01  # false-alarm probability per 24 h of judging a leak-free series
+    alpha: float = 0.01  # false-alarm probability over a whole leak-free run, however long
+    # A suspected leak pages only when it would exhaust the measured headroom within this much
+    # uptime; slower creep is a finding (summary, report, info alert), not a page.
+    horizon: float = _duration(30 * 86400.0)
     persistence: float = _duration(1800.0, allow_zero=True)  # a suspected verdict clears after this long unheld
     min_span: float = _duration(900.0)  # the shortest span judged
     cuda_history: str = "auto"  # auto: record allocations while suspicion builds | always | off

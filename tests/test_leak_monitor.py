@@ -215,3 +215,100 @@ def test_real_malloc_trim_probe_runs() -> None:
         pytest.skip("no glibc malloc_trim here")
     out = ev.collect("malloc_in_use", growth_bytes=1e12)
     assert out["malloc_trim_released_bytes"] >= 0 and out["allocator_retention"] is False
+
+
+def test_creep_beyond_the_horizon_is_a_finding_not_a_page(traces: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+    """The same 1 MiB/s rise against 100x the headroom it would exhaust in an hour: 100 h to
+    exhaustion is beyond a 1 h horizon, so nothing pages; the verdict says creep, the ETA
+    stays finite (the info alert's input) and one leak_finding event records it."""
+    store, metrics, events = SeriesStore(), Metrics(), Events()
+    monitor = LeakMonitor(store, metrics, fast_leak_config(horizon=3600.0), lambda s: 360000 * MIB, events, since=T0)
+    run_until(monitor, store, {"host_rss": traces["host_rss"]}, 900.0)
+    v = monitor.verdicts()["host_rss"]
+    assert (v.state, v.suspected, v.finding) == ("ok", False, "creep")
+    assert "beyond the" in v.reason and v.as_dict()["finding"] == "creep"
+    assert gauge(metrics, "leak_suspected", "host_rss") == 0
+    assert gauge(metrics, "memory_exhaustion_eta_seconds", "host_rss") == pytest.approx(100 * 3600, rel=0.05)
+    assert [k for k, _ in events.items] == ["leak_finding"]
+    # Within the horizon the same rise pages.
+    store2, events2 = SeriesStore(), Events()
+    paged = LeakMonitor(store2, None, fast_leak_config(horizon=200 * 3600.0), lambda s: 360000 * MIB, events2, since=T0)
+    run_until(paged, store2, {"host_rss": traces["host_rss"]}, 900.0)
+    assert paged.verdicts()["host_rss"].state == "leak" and [k for k, _ in events2.items] == ["leak_suspected"]
+
+
+def test_growth_that_malloc_trim_gives_back_is_not_paged(traces: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+    """Host growth the trim probe gives back is allocator retention: reported once (with the
+    evidence), never paged, and the probe is not rerun every evaluation while the rise lasts."""
+    rss = iter([1000 * MIB, 200 * MIB] * 10)
+    trims: list[int] = []
+
+    def trim() -> int:
+        trims.append(1)
+        return 1
+
+    evidence = Evidence(None, malloc_trim=trim, rss=lambda: next(rss))
+    store, metrics, events = SeriesStore(), Metrics(), Events()
+    monitor = LeakMonitor(store, metrics, fast_leak_config(), lambda s: 3600 * MIB, events, evidence=evidence, since=T0)
+    run_until(monitor, store, {"host_rss": traces["host_rss"]}, 900.0)
+    v = monitor.verdicts()["host_rss"]
+    assert (v.state, v.finding) == ("ok", "allocator_retention") and "malloc_trim gave back" in v.reason
+    assert gauge(metrics, "leak_suspected", "host_rss") == 0
+    ((kind, detail),) = events.items
+    assert kind == "leak_finding" and detail["allocator_retention"] is True and len(trims) == 1
+
+
+def test_a_suspected_verdict_never_shows_a_falling_slope() -> None:
+    """A leak that stops and gives its memory back: while suspected the slope shown rises and
+    the reason says the verdict holds; once the troughs fall the verdict clears at once,
+    without waiting out the persistence."""
+    store, events = SeriesStore(), Events()
+    t = T0 + np.arange(0.0, 1500.0, 1.0)
+    up = np.minimum(t - T0, 600.0) * MIB
+    v = 1e9 + np.where(t - T0 < 900.0, up, up - (t - T0 - 900.0) * 2 * MIB)
+    monitor = LeakMonitor(
+        store, None, fast_leak_config(window=300.0, persistence=3600.0), lambda s: None, events, since=T0
+    )
+    seen: list[tuple[str, float]] = []
+    for now in np.arange(T0 + 10.0, T0 + 1500.0 + 1e-9, 10.0):
+        hi = int(np.searchsorted(t, now, side="right"))
+        lo = int(np.searchsorted(t, now - 10.0, side="right"))
+        feed(store, "host_rss", t[lo:hi], v[lo:hi])
+        verdict = monitor.evaluate(now).get("host_rss")
+        if verdict is not None and verdict.state == "leak":
+            seen.append((verdict.reason, verdict.slope_bytes_per_hour))
+    assert seen and all(slope > 0 for _, slope in seen), [s for s in seen if s[1] <= 0]
+    assert [k for k, _ in events.items] == ["leak_suspected", "leak_cleared"]
+    assert not monitor.verdicts()["host_rss"].suspected
+
+
+@pytest.mark.parametrize("pattern", ["creep", "sawtooth"])
+def test_the_live_verdict_and_soakd_analyze_agree(pattern: str, tmp_path: Path) -> None:
+    """The same recorded 3 h series, judged live (a look a minute, headroom unknown) and by
+    `soakd analyze` (a replay every 5 min): one state, one slope sign, and the live flag no
+    later than the replay's (its looks are a superset)."""
+    from soakd.analysis.corpus import generate
+    from soakd.analysis.detector import DetectorParams
+    from soakd.analysis.offline import TraceData, judge_trace
+
+    tr = generate(pattern, 1, duration=3 * 3600.0)
+    t, v = T0 + tr.t, tr.v
+    cfg = LeakConfig()
+    store = SeriesStore(capacity=t.size + 10)
+    monitor = LeakMonitor(store, None, cfg, lambda s: None, since=T0)
+    first_live = None
+    fed = 0
+    for now in np.arange(T0 + 60.0, T0 + 3 * 3600.0 + 1e-9, 60.0):
+        hi = int(np.searchsorted(t, now, side="right"))
+        feed(store, "host_rss", t[fed:hi], v[fed:hi])
+        fed = hi
+        got = monitor.evaluate(float(now))["host_rss"]
+        if got.suspected and first_live is None:
+            first_live = now - T0
+    live = monitor.verdicts()["host_rss"]
+    offline = judge_trace(TraceData(tmp_path / "host_rss.csv", t, v), DetectorParams.from_config(cfg), {}, 300.0)
+    assert live.state == offline["state"], (live.reason, offline["reason"])
+    if live.state == "leak":
+        assert live.slope_bytes_per_hour > 0 and offline["slope_bytes_per_hour"] > 0
+        assert first_live is not None and first_live <= offline["first_suspected_seconds"] + 1e-6
+    assert (pattern == "creep") == (live.state == "leak")

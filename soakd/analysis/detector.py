@@ -3,23 +3,31 @@ false-alarm probability over a whole run is bounded, and the smallest leak it co
 
 At every look (every evaluation of the live monitor, every step of a replay):
   * the samples go into minima over bins of ``bin`` seconds, aligned to the run's start, and
-    a trailing minimum over ``trough_span`` (the troughs: it rides out GC / allocator sawtooth);
+    a trailing minimum of up to ``trough_span`` (the troughs: it rides out GC / allocator
+    sawtooth), its width chosen per span from the noise alone, among widths the span holds at
+    least twice (within one width the envelope is one or two independent values);
   * the end of warm-up is the configured ``warmup`` (a floor) or later, where the early growth
     decelerates into a plateau (the knee of a two-slope fit), whichever comes last; the
     trailing minimum never reaches back before it;
-  * the trough noise is fitted as white jitter plus a random walk (slow wander) from the
-    variogram of the judged troughs (:func:`soakd.analysis.trend.fit_noise`), which gives the
-    least-squares slope's variance over any span at this noise;
+  * the trough noise is the variogram of the judged troughs
+    (:func:`soakd.analysis.trend.slope_variance`), which gives the least-squares slope's
+    variance over any span at this noise, whatever its autocorrelation;
   * spans of the newest ``min_span``, 2x, 4x ... up to ``window`` seconds are tested, each
     after taking out its single largest level shift if one stands out (a new input shape is
-    not a leak; a staircase still trends). A span of d seconds is flagged when its one-sided
-    p-value is below ``alpha * d / (spans * 24 h)``: about 24 h / d looks at a span of that
-    length are independent, so over 24 h of judging the chance of any false alarm stays
-    near ``alpha`` (Bonferroni over spans and independent looks; neighbouring looks share
-    data, which makes it conservative). A strong leak crosses on the shortest span within
+    not a leak; a staircase still trends). The false-alarm budget ``alpha`` is spent over an
+    unbounded run (:meth:`DetectorParams.span_alpha`): judged time is cut into epochs of
+    1 day, 1 day, 2, 4, 8 ... days; epoch j gets ``alpha * 6 / (pi^2 (j+1)^2)`` (the sum over
+    every epoch is alpha), shared equally among the spans and, within a span, among the
+    epoch's L / d independent looks at a span of d seconds. A Bonferroni bound over a
+    countable set of looks: the chance of any false alarm over a run of any length stays
+    below ``alpha`` (neighbouring looks share data, which makes it conservative), and a
+    week-long soak is as safe as a day. A strong leak crosses on the shortest span within
     minutes of warm-up; a faint one on a long span once the data carry it;
-  * a flagged span must also grow at least at the series' floor (bytes/hour) and not slow
-    down significantly from its older half to its newer half (a warm-up tail does).
+  * a flagged span must also grow at least at the series' floor (bytes/hour) and must not be
+    settling: a leak's rate does not decay, so a span whose rate is significantly below the
+    rate of the span of equal length before it (the troughs reaching back into warm-up), or
+    below its own older half, is growth levelling off (an exponential warm-up, a log-like
+    arena or caching allocator), reported as "settling", not a leak.
   * a staircase (three or more level shifts up within the window, none given back, still
     coming, not at ever longer gaps as an allocator settling steps) is a leak too when its
     trend stands out from the noise without the shifts: taking out the largest shift hides
@@ -64,9 +72,10 @@ DEFAULT_WINDOW = 6 * 3600.0
 ACCELERATED_BELOW = 1800.0  # a window shorter than this is an accelerated run
 Z90 = 1.2815515655446004  # a leak at (threshold + Z90) standard errors is flagged 90% of the time
 HOLD_Z = 2.0
+SETTLE_Z = 2.0  # a rate this many standard errors below the one before it is settling, not a leak
 WARMUP_SEARCH = 2 * 3600.0  # the data-found end of warm-up is looked for this long past the floor
 KNEE_POINTS = 60  # the knee search runs on at most this many points
-SPAN_PER_TROUGH = 1.0  # the shortest span judged, in trough spans
+SPAN_PER_TROUGH = 2.0  # the shortest span judged, in trough spans
 HISTORY = 2.0  # a span is judged against the noise of at least this many times its length
 HISTORY_WINDOWS = 2  # the noise is measured over up to this many windows
 STAIR_STEPS = 3  # a staircase has at least this many level shifts up within the window
@@ -81,7 +90,7 @@ class DetectorParams:
     window: float = 6 * 3600.0  # seconds of history judged at most (the longest span)
     trough_span: float = 1800.0  # seconds; the trailing minimum rides out sawtooth up to this period
     bin: float = 60.0  # seconds between trough points
-    alpha: float = 0.01  # false-alarm probability per 24 h of judging a leak-free series
+    alpha: float = 0.01  # false-alarm probability over a whole leak-free run, however long
     persistence: float = 1800.0  # seconds a suspected verdict's signs must be gone before it clears
     min_span: float = 900.0  # seconds: the shortest span judged
     floor_scale: float = 1.0  # the slope floor's factor: time runs this much faster (accelerated runs)
@@ -125,9 +134,14 @@ class DetectorParams:
             n *= 2
         return [*out, hi]
 
-    def span_alpha(self, points: int) -> float:
-        """The one-sided p-value a span of ``points`` must beat (see the module docstring)."""
-        return self.alpha * points * self.bin / (len(self.spans) * max(DAY, self.window))
+    def span_alpha(self, points: int, judged: float = 0.0) -> float:
+        """The one-sided p-value a span of ``points`` must beat after ``judged`` seconds of
+        judging: alpha spent over epochs of judged time (see the module docstring)."""
+        unit = max(DAY, self.window)
+        j = 0 if judged < unit else 1 + math.floor(math.log2(judged / unit))
+        epoch = unit * (1 if j == 0 else 2 ** (j - 1))  # lengths 1, 1, 2, 4 ... units
+        share = self.alpha * 6.0 / (math.pi**2 * (j + 1) ** 2)
+        return share * points * self.bin / (len(self.spans) * epoch)
 
 
 def floor_for(series: str, table: dict[str, float] | None, scale: float = 1.0) -> float:
@@ -157,6 +171,15 @@ class Judgement:
     detectable_bytes_per_hour: float = math.nan  # caught with 90% probability at this noise
     judged_seconds: float = 0.0  # span of data judged
     building: bool = False  # suspicion is building (p within 20x of alpha)
+    levelling: bool = False  # not judged: the data show warm-up lasting past its floor
+    slope_se_bytes_per_hour: float = math.nan  # the shown slope's standard error at the noise
+
+    @property
+    def slope_lower_bytes_per_hour(self) -> float:
+        """A one-sided 90% lower bound on the rate: what a page's consequence is judged on (a
+        short span's slope that just crossed the threshold is as likely too steep as not)."""
+        se = self.slope_se_bytes_per_hour
+        return self.slope_bytes_per_hour - Z90 * (se if math.isfinite(se) else 0.0)
 
     @property
     def judged(self) -> bool:
@@ -165,6 +188,15 @@ class Judgement:
     def keeps(self, suspected: bool) -> bool:
         """The judgement to feed the persistence rule, given the current verdict."""
         return self.holds if suspected else self.positive
+
+    @property
+    def refutes(self) -> bool:
+        """Judged, nothing holds and the troughs do not rise at all, or the data now call the
+        rise warm-up: a suspected verdict clears at once (persistence rides out doubt, not
+        evidence against)."""
+        if not self.judged:  # the rise judged earlier is now seen to be warm-up levelling off
+            return self.levelling
+        return not self.holds and self.slope_bytes_per_hour <= 0
 
 
 @dataclass
@@ -225,48 +257,58 @@ class Grid:
         w = self.warmup_bins(m)
         start = self.since + w * p.bin
         if m <= w:
-            return Judgement(False, math.nan, 1.0, "warming up", start, 0, self.last)
+            levelling = w * p.bin > p.warmup + p.bin
+            return Judgement(False, math.nan, 1.0, "warming up", start, 0, self.last, levelling=levelling)
         win = round(p.window / p.bin)
         lo = p.spans[0]
-        y = noise = full = np.zeros(0)
-        spans: list[int] = []
-        best_se = math.inf
-        # The trough span: the one (up to trough_span) that measures the trend most precisely.
-        # Wider rides out a sawtooth; narrower follows plain noise closely. The choice looks at
-        # the noise only, never at the slope, so it spends none of alpha.
+        # The trough span, per span judged: the one (up to trough_span) that measures that
+        # span's trend most precisely. Wider rides out a sawtooth; narrower follows plain noise
+        # closely and leaves short spans to judge. The choice looks at the noise only, never at
+        # the slope, so it spends none of alpha.
+        chosen: dict[int, tuple[float, int, Array, Array]] = {}  # span -> (se, width, troughs, noise)
         for kk in self.trough_choices():
             env = self._envelope(kk, w)[: m - w][-HISTORY_WINDOWS * win :]
             yk = env[np.isfinite(env)]
             # A span needs HISTORY times its length of noise behind it: a swing slower than
             # the data cannot be told from a leak.
             longest = min(int(yk.size / HISTORY), win)
-            # A span shorter than the trough span sees the envelope hold flat and then jump as
-            # an old minimum leaves it: too few changes for any noise estimate to describe.
+            # A span must hold SPAN_PER_TROUGH trailing-minimum widths: within one width the
+            # envelope holds flat and then jumps as an old minimum leaves it, a slope of one or
+            # two independent values whose tail no normal approximation describes.
             shortest = max(lo, round(kk * SPAN_PER_TROUGH))
             if longest < shortest:
                 continue
-            sp = sorted({*(s for s in p.spans if shortest <= s < longest), longest})
             # One level shift is no more noise than it is a leak: the noise is measured with
             # the largest one taken out.
             quiet = take_out_step(yk, yk, max_lag=max(2, round(STEP_SETTLE / p.bin)))
-            se = math.sqrt(slope_variance(quiet, sp[-1]))
-            # A narrower trough span must win clearly: the noise estimate is itself noisy, and
-            # picking the smallest of several would favour one that happens to be too small.
-            if se < 0.7 * best_se or not y.size:
-                y, noise, spans, best_se, full = yk, quiet, sp, se, self._envelope(kk, 0)[:m]
-                self.trough_points = kk
-        if not spans:
-            reason = "warming up (growth is levelling off)" if w * p.bin > p.warmup + p.bin else "warming up"
+            for n in sorted({*(s for s in p.spans if shortest <= s < longest), longest}):
+                se = math.sqrt(slope_variance(quiet, n))
+                # A narrower width must win clearly: the noise estimate is itself noisy, and
+                # picking the smallest of several would favour one that happens to be too small.
+                if n not in chosen or se < 0.7 * chosen[n][0]:
+                    chosen[n] = (se, kk, yk, quiet)
+        if not chosen:
+            levelling = w * p.bin > p.warmup + p.bin
+            reason = "warming up (growth is levelling off)" if levelling else "warming up"
             return Judgement(
-                False, math.nan, 1.0, reason, start, int(y.size), self.last, judged_seconds=(m - w) * p.bin
+                False, math.nan, 1.0, reason, start, 0, self.last, judged_seconds=(m - w) * p.bin, levelling=levelling
             )
-        results = [self._span(y, noise, n, floor, full) for n in spans]
-        stair = self._staircase(y[-win:], floor)
+        spans = sorted(chosen)
+        _, self.trough_points, y, _ = chosen[spans[-1]]
+        judged_for = (m - w) * p.bin  # the alpha spending's clock
+        results = [
+            self._span(yk, quiet, n, floor, self._envelope(kk, 0)[:m], judged_for)
+            for n, (_, kk, yk, quiet) in sorted(chosen.items())
+        ]
+        stair = self._staircase(y[-win:], floor, judged_for)
         if stair is not None:
             results.insert(0, stair)  # never the longest span shown for "no leak"
         flagged = [r for r in results if r.positive]
         best = min(flagged or results, key=lambda r: r.p_adj)
-        shown = best if flagged else results[-1]  # a clear verdict shows the longest, steadiest span
+        # A clear verdict shows the longest, steadiest span; one that only holds shows the span
+        # that holds it, so a verdict kept by its signs never reads as a falling slope.
+        holding = [r for r in results if r.holds]
+        shown = best if flagged else min(holding, key=lambda r: r.p_adj) if holding else results[-1]
         p_adj = best.p_adj
         detectable = min(r.detectable for r in results)
         judged = y.size * p.bin  # every trough point judged (the noise), the longest trend span within
@@ -295,6 +337,7 @@ class Grid:
             detectable,
             judged,
             p_adj < min(1.0, 20 * p.alpha),
+            slope_se_bytes_per_hour=shown.se,
         )
 
     def _envelope(self, k: int, start: int) -> Array:
@@ -311,7 +354,7 @@ class Grid:
         k = max(1, round(p.trough_span / p.bin))
         return sorted({kk for kk in (1, k // 6, k // 3, k) if kk >= 1}, reverse=True)  # widest first
 
-    def _staircase(self, y: Array, floor: float) -> _Span | None:
+    def _staircase(self, y: Array, floor: float, judged: float) -> _Span | None:
         """A staircase: level shifts up, STAIR_STEPS or more within the window, none given back,
         still coming (the newest gap no longer than STAIR_OPEN times the longest before it), and
         not at ever longer gaps (a caching allocator settling on its working set). Its slope is
@@ -338,7 +381,7 @@ class Grid:
         var = slope_variance(quiet, seg.size)
         se = math.sqrt(var) * per_hour if var > 0 else 0.0
         z = slope / se if se > 0 else (math.inf if slope > 0 else 0.0)
-        alpha_n = p.span_alpha(min(seg.size, round(p.window / p.bin)))
+        alpha_n = p.span_alpha(min(seg.size, round(p.window / p.bin)), judged)
         pv = upper_tail(z) if math.isfinite(z) else 0.0
         p_adj = min(1.0, pv / alpha_n * p.alpha)
         coming = y.size - at[-1] <= STAIR_OPEN * float(np.max(gaps))
@@ -348,7 +391,7 @@ class Grid:
             return None
         return _Span(seg.size, slope, se, p_adj, positive, holds, math.inf, "", len(ups))
 
-    def _span(self, history: Array, noise: Array, n: int, floor: float, full: Array) -> _Span:
+    def _span(self, history: Array, noise: Array, n: int, floor: float, full: Array, judged: float) -> _Span:
         p = self.params
         per_hour = 3600.0 / p.bin
         y = history[-n:]
@@ -356,7 +399,7 @@ class Grid:
         var = slope_variance(noise, n)
         se = math.sqrt(var) * per_hour if var > 0 else math.nan
         slope = ols_slope(yd) * per_hour
-        alpha_n = p.span_alpha(n)
+        alpha_n = p.span_alpha(n, judged)
         zstar = z_for(alpha_n)
         if not math.isfinite(se) or se <= 0:
             # No measurable noise (a constant series, or a quantised one): steady growth is real.
@@ -372,20 +415,26 @@ class Grid:
         if positive and slope < floor:
             positive, why = False, f"slope {slope / MIB:.2f} MiB/h below the floor {floor / MIB:.2f} MiB/h"
         if positive and n >= 10:
+            # A leak rises at one pace: each half of the span must rise at the span's rate, at
+            # the noise. Settling (the newer half slower) fails it, and so does a level shift
+            # that a short span reads as a steep trend (one half flat, or both flat around a jump).
             half = n // 2
             old, new = ols_slope(yd[:half]) * per_hour, ols_slope(yd[half:]) * per_hour
             se_half = math.sqrt(max(0.0, 2 * slope_variance(noise, half))) * per_hour
-            if old - new > 2.0 * se_half + 0.5 * max(old, 0.0) and new < 0.5 * old:
-                positive, why = False, f"growth is slowing down ({old / MIB:.2f} then {new / MIB:.2f} MiB/h)"
+            if old - new > SETTLE_Z * se_half:
+                positive, why = False, f"settling: growth is slowing ({old / MIB:.3g} then {new / MIB:.3g} MiB/h)"
+            elif max(abs(old - slope), abs(new - slope)) > SETTLE_Z * se_half:
+                positive, why = False, f"not a steady rise ({old / MIB:.3g} then {new / MIB:.3g} MiB/h): a step"
         if positive:
-            # Growth that was much faster just before the span is a warm-up still levelling off
-            # (the trough envelope here reaches into the warm-up on purpose).
+            # Settling, across spans: the span of equal length just before rose significantly
+            # faster (the trough envelope here reaches into the warm-up on purpose). A leak's
+            # rate does not decay; a warm-up's or a settling allocator's does.
             before = full[max(0, full.size - 2 * n) : full.size - n]
             before = before[np.isfinite(before)]
             if before.size >= max(5, n // 2):
                 prev = ols_slope(before) * per_hour
-                if prev > 1.5 * slope + 2.0 * math.sqrt(2.0) * se:
-                    why = f"warming up: growth is slowing ({prev / MIB:.3g} then {slope / MIB:.3g} MiB/h)"
+                if prev - slope > SETTLE_Z * math.sqrt(2.0) * se:
+                    why = f"settling: growth is slowing ({prev / MIB:.3g} then {slope / MIB:.3g} MiB/h)"
                     positive = False
         holds = z >= HOLD_Z and slope >= 0.5 * floor
         return _Span(n, slope, se, p_adj, positive, holds, detectable, why)
@@ -420,8 +469,9 @@ class Persistence:
     suspected: bool = False
     _since: float | None = None  # when a suspected verdict stopped holding
 
-    def update(self, now: float, positive: bool) -> bool:
-        """Feed one judgement (``Judgement.keeps``); returns True when the verdict flipped."""
+    def update(self, now: float, positive: bool, refuted: bool = False) -> bool:
+        """Feed one judgement (``Judgement.keeps``, ``Judgement.refutes``); returns True when
+        the verdict flipped."""
         if not self.suspected:
             if positive:
                 self.suspected, self._since = True, None
@@ -432,7 +482,7 @@ class Persistence:
             return False
         if self._since is None:
             self._since = now
-        if now - self._since >= self.hold:
+        if refuted or now - self._since >= self.hold:
             self.suspected, self._since = False, None
             return True
         return False
@@ -447,13 +497,25 @@ class Replay:
     first_suspected_at: float | None  # seconds from the start of the trace
     flips: list[tuple[float, bool]] = field(default_factory=list)
     evaluations: int = 0
+    first_paged_at: float | None = None  # the first suspicion fast enough to page (``page_above``)
 
 
 def replay(
-    t: Array, v: Array, params: DetectorParams, floor: float, *, step: float = 600.0, stop_on_flag: bool = False
+    t: Array,
+    v: Array,
+    params: DetectorParams,
+    floor: float,
+    *,
+    step: float = 600.0,
+    stop_on_flag: bool = False,
+    page_above: float = 0.0,
 ) -> Replay:
     """Judge a trace every ``step`` seconds (rounded to whole bins) from its start, up to its end
-    (or, with ``stop_on_flag``, up to its first flag: what a power benchmark needs)."""
+    (or, with ``stop_on_flag``, up to its first flag: what a power benchmark needs).
+
+    ``page_above`` (bytes/hour: headroom / ``leak.horizon``) is the live monitor's page rule
+    without its evidence: a suspected verdict pages at the first look whose slope's 90% lower
+    bound reaches it."""
     if t.size == 0:
         return Replay(Judgement(False, math.nan, 1.0, "no data"), False, None)
     t0, t_end = float(t[0]), float(t[-1])
@@ -466,14 +528,17 @@ def replay(
     state = Persistence(params.persistence)
     flips: list[tuple[float, bool]] = []
     first_at: float | None = None
+    paged_at: float | None = None
     j = Judgement(False, math.nan, 1.0, "warming up")
     for m in looks:
         j = grid.look(m, floor)
         at = m * params.bin
-        if state.update(t0 + at, j.keeps(state.suspected)):
+        if state.update(t0 + at, j.keeps(state.suspected), j.refutes):
             flips.append((at, state.suspected))
             if state.suspected and first_at is None:
                 first_at = at
                 if stop_on_flag:
                     break
-    return Replay(j, state.suspected, first_at, flips, len(looks))
+        if state.suspected and paged_at is None and j.slope_lower_bytes_per_hour >= page_above:
+            paged_at = at
+    return Replay(j, state.suspected, first_at, flips, len(looks), paged_at)

@@ -181,7 +181,7 @@ class Evidence:
         self.malloc_trim()
         released = max(0.0, before - self.rss())
         # Most of the growth came back: glibc was holding freed memory, not a leak.
-        retention = growth_bytes > 0 and released >= 0.5 * growth_bytes
+        retention = bool(growth_bytes > 0 and released >= 0.5 * growth_bytes)  # a JSON bool, not numpy's
         return {"malloc_trim_released_bytes": released, "allocator_retention": retention}
 
     def _top_sites(self) -> dict[str, Any]:

@@ -5,7 +5,14 @@ one persistent verdict per series, exports the ``soakd_leak_*`` gauges, and repo
 the telemetry APScheduler. Verdict changes go to ``on_event(kind, detail)`` (logged too) so
 the state store can keep them; evidence for a new suspicion comes from
 :mod:`soakd.analysis.evidence`.
-"""
+
+Two verdicts per series. The detector's (with persistence) says the troughs rise; the page
+(``soakd_leak_suspected``, state "leak") adds the consequence: it is raised only when the
+rise would exhaust the measured headroom within ``leak.horizon`` (unknown headroom: paged,
+the consequence cannot be ruled out) and the evidence does not show allocator retention
+(``malloc_trim(0)`` gave the growth back). A rise that is not paged is a finding (state "ok",
+``finding`` "creep" or "allocator_retention", a ``leak_finding`` event, a finite
+``soakd_memory_exhaustion_eta_seconds``): the summary and the report say it; nobody is woken."""
 
 from __future__ import annotations
 
@@ -74,11 +81,17 @@ class Verdict:
     judged_seconds: float  # span of data judged
     reason: str
     judgement: Judgement
+    finding: str = ""  # a rise that is not paged: "creep" (beyond the horizon) | "allocator_retention"
 
     @classmethod
-    def of(cls, series: str, suspected: bool, j: Judgement, eta: float) -> Verdict:
+    def of(cls, series: str, suspected: bool, j: Judgement, eta: float, finding: str = "", why: str = "") -> Verdict:
         judged = j.judged and math.isfinite(j.detectable_bytes_per_hour)
         state = "leak" if suspected else "ok" if judged else "not_judged"
+        reason = j.reason
+        if suspected and not j.positive:  # kept by its signs: say so, never "no leak above ..."
+            reason = f"leak suspected and still holding: troughs rise {j.slope_bytes_per_hour / MIB:.2f} MiB/h"
+        if finding:
+            reason = f"{why} ({j.reason})"
         return cls(
             series,
             state,
@@ -88,8 +101,9 @@ class Verdict:
             eta,
             j.detectable_bytes_per_hour if judged else math.nan,
             j.judged_seconds,
-            j.reason,
+            reason,
             j,
+            finding,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -107,6 +121,7 @@ class Verdict:
             "detectable_slope_bytes_per_hour": num(self.detectable_slope_bytes_per_hour, 1),
             "judged_seconds": round(self.judged_seconds, 1),
             "reason": self.reason,
+            "finding": self.finding or None,
         }
 
 
@@ -139,7 +154,9 @@ class LeakMonitor:
         self.since = clock() if since is None else since  # the run's start: warm-up counts from here
         self.series = tuple(series)
         self._verdicts: dict[str, Verdict] = {}
-        self._states: dict[str, Persistence] = {}
+        self._states: dict[str, Persistence] = {}  # the detector's verdict, with persistence
+        self._paged: set[str] = set()  # series whose rise is paged (soakd_leak_suspected)
+        self._findings: dict[str, tuple[str, str]] = {}  # series -> (finding, why) while it rises unpaged
         self._lock = threading.Lock()
 
     # The scheduler-facing trio (open, evaluate, close).
@@ -186,17 +203,88 @@ class LeakMonitor:
         floor = floor_for(name, self.cfg.min_slope_bytes_per_hour, self.params.floor_scale)
         j = judge(t, v, self.params, floor, now=now, since=since)
         state = self._states.setdefault(name, Persistence(self.params.persistence))
-        flipped = state.update(now, j.keeps(state.suspected))
+        state.update(now, j.keeps(state.suspected), j.refutes)
         eta = self._eta(name, j)
-        verdict = Verdict.of(name, state.suspected, j, eta)
+        was = name in self._paged
+        evidence: dict[str, Any] = {}
+        if not state.suspected:
+            self._paged.discard(name)
+            self._findings.pop(name, None)
+        elif not was and self._findings.get(name, ("", ""))[0] != "allocator_retention":
+            # A rise the detector is sure of: page it only when it matters within the horizon,
+            # and only if the allocator does not give it back (probed once per rise).
+            finding, why = self._beyond_horizon(name, j)
+            if not finding:  # worth a page: the evidence may still show the allocator keeps it
+                evidence = self._evidence(name, j, now)
+                finding, why = self._retention(evidence)
+            if finding:
+                if self._findings.get(name, ("", ""))[0] != finding:
+                    self._finding_event(name, j, eta, finding, why, evidence)
+                self._findings[name] = (finding, why)
+            else:
+                self._findings.pop(name, None)
+                self._paged.add(name)
+        paged = name in self._paged
+        finding, why = self._findings.get(name, ("", ""))
+        verdict = Verdict.of(name, paged, j, eta, finding, why)
         self._verdicts[name] = verdict
         self._export(verdict)
-        if flipped:
-            self._report(verdict, now)  # evidence first: the snapshot needs the ring still on
+        if paged != was:
+            self._report(verdict, now, evidence)
         if self.evidence is not None:
             # Through warm-up too: a strong leak is flagged at its first judgement, and the
             # snapshot then still has the allocations that led up to it.
             self.evidence.building(name, not state.suspected and (j.building or not j.judged))
+
+    def _evidence(self, name: str, j: Judgement, now: float) -> dict[str, Any]:
+        """Evidence for a rise about to be paged (the snapshot needs the ring still on)."""
+        if self.evidence is None:
+            return {}
+        growth = max(0.0, j.slope_bytes_per_hour) * max(0.0, now - j.start) / 3600.0
+        return self.evidence.collect(name, growth)
+
+    def _beyond_horizon(self, name: str, j: Judgement) -> tuple[str, str]:
+        """("creep", why) when the headroom may outlast ``leak.horizon``: judged at the rate's
+        90% lower bound, so a page's consequence is likely, not just possible. Else ("", "")."""
+        headroom = self.limits(name)
+        if headroom is None:
+            return "", ""  # the consequence cannot be measured, so it cannot be ruled out
+        horizon = self.cfg.horizon
+        lower = j.slope_lower_bytes_per_hour
+        eta = max(0.0, headroom) / (lower / 3600.0) if lower > 0 else math.inf
+        if eta > horizon:
+            return "creep", (
+                f"slow creep, not paged: the headroom may last {eta / 86400:.3g} d or more, "
+                f"beyond the {horizon / 86400:.3g} d horizon"
+            )
+        return "", ""
+
+    @staticmethod
+    def _retention(evidence: dict[str, Any]) -> tuple[str, str]:
+        """("allocator_retention", why) when malloc_trim gave the growth back; else ("", "")."""
+        if evidence.get("allocator_retention"):
+            released = float(evidence.get("malloc_trim_released_bytes", 0.0)) / MIB
+            return "allocator_retention", f"allocator retention, not a leak: malloc_trim gave back {released:.1f} MiB"
+        return "", ""
+
+    def _finding_event(
+        self, name: str, j: Judgement, eta: float, finding: str, why: str, evidence: dict[str, Any]
+    ) -> None:
+        log.info("memory finding in %s: %s; %s", name, why, j.reason)
+        if self.on_event is None:
+            return
+        detail = {
+            "series": name,
+            "finding": finding,
+            "slope_bytes_per_hour": round(j.slope_bytes_per_hour, 1),
+            "exhaustion_eta_seconds": None if not math.isfinite(eta) else round(eta),
+            "reason": f"{why} ({j.reason})",
+            **evidence,
+        }
+        try:
+            self.on_event("leak_finding", detail)
+        except Exception:
+            log.exception("leak event callback failed")
 
     def _eta(self, name: str, j: Judgement) -> float:
         slope = j.slope_bytes_per_hour
@@ -217,7 +305,7 @@ class LeakMonitor:
         m.memory_exhaustion_eta.labels(s).set(v.eta_seconds)
         m.leak_detectable_slope.labels(s).set(v.detectable_slope_bytes_per_hour)
 
-    def _report(self, v: Verdict, now: float) -> None:
+    def _report(self, v: Verdict, now: float, evidence: dict[str, Any]) -> None:
         j = v.judgement
         detail: dict[str, Any] = {
             "series": v.series,
@@ -232,9 +320,7 @@ class LeakMonitor:
         }
         if v.suspected:
             kind = "leak_suspected"
-            if self.evidence is not None:
-                growth = max(0.0, j.slope_bytes_per_hour) * max(0.0, now - j.start) / 3600.0
-                detail.update(self.evidence.collect(v.series, growth))
+            detail.update(evidence)
             log.warning(
                 "leak suspected in %s: %s; exhaustion in %s",
                 v.series,
