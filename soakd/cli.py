@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         "as `soakd run` does before it loads anything",
     )
 
-    # ---- sweep (issue: production-like requests): flags owned by soakd/analysis/sweep.py
+    # ---- sweep (issue: production-like requests): flags owned by soakd/run/sweep/
     sweep = sub.add_parser("sweep", help="step through load settings; find the knee and the best setting")
     sweep.add_argument("--config", metavar="FILE")
     for flag, (key, kw) in RUN_FLAGS.items():
