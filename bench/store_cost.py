@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from soakd.store import DB_NAME, StateStore, WindowRow
+from soakd.state import DB_NAME, StateStore, WindowRow
 from soakd.telemetry.histogram import HistSnapshot, LogHistogram
 
 

@@ -110,7 +110,41 @@ def build_parser() -> argparse.ArgumentParser:
         "as `soakd run` does before it loads anything",
     )
 
-    # ---- sweep (issue: production-like requests): flags owned by soakd/analysis/sweep.py
+    _add_sweep(sub)
+
+    # ---- analyze (issue: leak verdicts): must not import torch
+    analyze = sub.add_parser("analyze", help="judge recorded memory traces (CSV: timestamp_seconds,bytes)")
+    analyze.add_argument("--json", action="store_true", help="one JSON object per file per line")
+    analyze.add_argument("--config", metavar="FILE", help="leak settings from a config file")
+    analyze.add_argument("--leak-warmup", dest="leak.warmup", metavar="DUR")
+    analyze.add_argument("--leak-window", dest="leak.window", metavar="DUR")
+    analyze.add_argument("files", metavar="FILE", nargs="+")
+
+    # ---- report / compare (issue: reports and gates)
+    report = sub.add_parser("report", help="summarise a run from its state dir, or a fleet of runs")
+    where = report.add_mutually_exclusive_group(required=True)
+    where.add_argument("--state-dir", metavar="DIR")
+    where.add_argument(
+        "--fleet",
+        nargs="+",
+        metavar="SRC",
+        help="one soak per GPU: state dirs and report/summary/fleet JSONs; exit 1 when any GPU fails",
+    )
+    report.add_argument("--run-id", metavar="ID", help="default: the most recent run")
+    report.add_argument("--format", choices=("json", "html", "md"), default="json")
+    report.add_argument("--output", metavar="FILE", help="default: stdout")
+    report.add_argument("--config", metavar="FILE", help="SLOs to check")
+
+    compare = sub.add_parser("compare", help="compare two run summaries (or two fleet reports); exit 1 on a regression")
+    compare.add_argument("a", metavar="A.json")
+    compare.add_argument("b", metavar="B.json")
+    compare.add_argument("--config", metavar="FILE", help="regression thresholds")
+    return parser
+
+
+def _add_sweep(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """``soakd sweep``: the run flags it shares, and its own (issue: production-like requests;
+    read by soakd/run/sweep/planner.py)."""
     sweep = sub.add_parser("sweep", help="step through load settings; find the knee and the best setting")
     sweep.add_argument("--config", metavar="FILE")
     for flag, (key, kw, what) in RUN_FLAGS.items():
@@ -144,35 +178,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DUR",
         help="maximum step time; still unstable then: the step is marked unstable (60s)",
     )
-
-    # ---- analyze (issue: leak verdicts): must not import torch
-    analyze = sub.add_parser("analyze", help="judge recorded memory traces (CSV: timestamp_seconds,bytes)")
-    analyze.add_argument("--json", action="store_true", help="one JSON object per file per line")
-    analyze.add_argument("--config", metavar="FILE", help="leak settings from a config file")
-    analyze.add_argument("--leak-warmup", dest="leak.warmup", metavar="DUR")
-    analyze.add_argument("--leak-window", dest="leak.window", metavar="DUR")
-    analyze.add_argument("files", metavar="FILE", nargs="+")
-
-    # ---- report / compare (issue: reports and gates)
-    report = sub.add_parser("report", help="summarise a run from its state dir, or a fleet of runs")
-    where = report.add_mutually_exclusive_group(required=True)
-    where.add_argument("--state-dir", metavar="DIR")
-    where.add_argument(
-        "--fleet",
-        nargs="+",
-        metavar="SRC",
-        help="one soak per GPU: state dirs and report/summary/fleet JSONs; exit 1 when any GPU fails",
-    )
-    report.add_argument("--run-id", metavar="ID", help="default: the most recent run")
-    report.add_argument("--format", choices=("json", "html", "md"), default="json")
-    report.add_argument("--output", metavar="FILE", help="default: stdout")
-    report.add_argument("--config", metavar="FILE", help="SLOs to check")
-
-    compare = sub.add_parser("compare", help="compare two run summaries (or two fleet reports); exit 1 on a regression")
-    compare.add_argument("a", metavar="A.json")
-    compare.add_argument("b", metavar="B.json")
-    compare.add_argument("--config", metavar="FILE", help="regression thresholds")
-    return parser
 
 
 def _version() -> str:

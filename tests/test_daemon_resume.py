@@ -8,7 +8,7 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
-from soakd.store import DB_NAME
+from soakd.state import DB_NAME
 from tests.conftest import soakd_cmd, wait_for
 
 

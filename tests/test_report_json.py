@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from soakd.cli import main
-from soakd.store import StateStore, WindowRow
+from soakd.state import StateStore, WindowRow
 from soakd.telemetry.histogram import LogHistogram
 
 

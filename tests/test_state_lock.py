@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from soakd.store import DB_NAME
+from soakd.state import DB_NAME
 from tests.conftest import soakd_cmd
 
 NOOP = ("--model", "builtin:noop", "--warmup", "1", "--concurrency", "2")

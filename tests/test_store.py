@@ -10,7 +10,7 @@ import pytest
 
 from soakd.errors import StateError
 from soakd.report.data import load_run_report, load_series, load_timeline
-from soakd.store import CURRENT_RUN, DB_NAME, StateStore, WindowRow, resolve_run_id
+from soakd.state import CURRENT_RUN, DB_NAME, StateStore, WindowRow, resolve_run_id
 from soakd.telemetry.histogram import LogHistogram
 
 DAY = 86400.0

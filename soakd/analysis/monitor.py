@@ -29,7 +29,7 @@ import psutil
 from soakd.analysis.detector import DetectorParams, Judgement, Persistence, floor_for, judge
 from soakd.analysis.evidence import CUDA_SERIES, HOST_SERIES, TARGET_HOST_SERIES, CudaHistory, Evidence
 from soakd.names import TARGET_METRIC_PREFIX
-from soakd.store import default_state_dir
+from soakd.state import default_state_dir
 from soakd.telemetry.catalogue import LEAK_SERIES
 from soakd.telemetry.series import SeriesStore
 

@@ -1,9 +1,9 @@
 """A run's report data from its state: every segment, merged histograms, events, memory ranges.
 
-Pure: :class:`soakd.store.RunState` in, a dict out. It follows the summary JSON's contract
+Pure: :class:`soakd.state.RunState` in, a dict out. It follows the summary JSON's contract
 (``requests``, ``latency_ms.<stage>.{p50,...}``, ``run``) plus what only a multi-segment run has
 (``segments``, ``restarts``, ``events``); HTML and Markdown renderers build on the same dict.
-The ``load_*`` helpers read a state dir through :class:`soakd.store.StateReader`.
+The ``load_*`` helpers read a state dir through :class:`soakd.state.StateReader`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from soakd.store import RunNotFound, RunState, StateReader
+from soakd.state import RunNotFound, RunState, StateReader
 from soakd.summary import stage_summary
 from soakd.telemetry.catalogue import OUTCOMES, STAGES
 from soakd.telemetry.histogram import HistSnapshot

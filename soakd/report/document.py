@@ -22,7 +22,7 @@ from soakd.report.data import run_report
 from soakd.report.memory import memory_block
 from soakd.report.slo import slo_block
 from soakd.report.windows import rows_from_windows
-from soakd.store import RunState
+from soakd.state import RunState
 from soakd.telemetry.histogram import HistSnapshot
 
 SUMMARY_NAME = "summary.json"  # <state-dir>/<run-id>/summary.json: the last segment's summary

@@ -9,7 +9,7 @@ from typing import Any
 
 from soakd.config import SloConfig
 from soakd.report.document import SUMMARY_NAME, ReportDoc, build_report, run_dir
-from soakd.store import RunState, StateReader
+from soakd.state import RunState, StateReader
 
 
 def saved_summary(state_dir: str | Path, run_id: str) -> dict[str, Any] | None:

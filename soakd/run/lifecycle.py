@@ -17,7 +17,7 @@ from typing import Any
 
 from soakd.config import Config
 from soakd.run.systemd import LOG_FORMAT, Notifier, ReopenableFileHandler, Watchdog, install_sighup
-from soakd.store import StateStore, WindowRow, default_state_dir, resolve_run_id
+from soakd.state import StateStore, WindowRow, default_state_dir, resolve_run_id
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.series import SeriesStore
 

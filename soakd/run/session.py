@@ -212,25 +212,7 @@ class RunSession:
         finally:
             phases.stop()
         died = target.dead()
-        life.set_phase("draining")  # STOPPING=1, watchdog off
-        if self.stop.signal is not None:
-            log.info("received %s: stopping arrivals and draining", self.stop.name)
-        log.info("draining %d requests in flight (up to %.0fs)", engine.inflight, cfg.load.drain_timeout)
-        queued = engine.stats().queued
-        if not engine.stop():
-            # In process, the queue never reached the model (dropped); a served model's requests
-            # still out are ended by the target (sent: timeout, never sent: dropped).
-            where = (
-                f"{queued} requests that never reached the model are counted as dropped"
-                if isinstance(target, LocalModelTarget)
-                else "the requests still out at the target are counted as timeouts (never sent: dropped)"
-            )
-            log.warning("drain timed out after %.1fs: %s", cfg.load.drain_timeout, where)
-        life.set_phase("done")
-        life.end_segment(
-            "completed" if self.stop.signal is None else self.stop.name,
-            finished=self.stop.signal is None and died is None,
-        )
+        self._drain(life, engine, died)
         if died is not None:
             raise RunFailed(f"a model worker thread ended ({type(died).__name__}: {died}); the run stopped")
         stats = engine.stats()
@@ -265,6 +247,30 @@ class RunSession:
         # SLO lines, <state-dir>/<run-id>/report.html; 1 when an SLO is missed.
         return conclude(
             summary, state_dir=life.store.dir if life.store is not None else None, run_id=life.run_id, out=self.out
+        )
+
+    def _drain(self, life: Lifecycle, engine: Engine, died: BaseException | None) -> None:
+        """Stop arrivals, drain what is in flight (up to load.drain_timeout), end the segment:
+        the run is finished unless a signal or a dead worker ended it."""
+        cfg = self.cfg
+        life.set_phase("draining")  # STOPPING=1, watchdog off
+        if self.stop.signal is not None:
+            log.info("received %s: stopping arrivals and draining", self.stop.name)
+        log.info("draining %d requests in flight (up to %.0fs)", engine.inflight, cfg.load.drain_timeout)
+        queued = engine.stats().queued
+        if not engine.stop():
+            # In process, the queue never reached the model (dropped); a served model's requests
+            # still out are ended by the target (sent: timeout, never sent: dropped).
+            where = (
+                f"{queued} requests that never reached the model are counted as dropped"
+                if isinstance(engine.target, LocalModelTarget)
+                else "the requests still out at the target are counted as timeouts (never sent: dropped)"
+            )
+            log.warning("drain timed out after %.1fs: %s", cfg.load.drain_timeout, where)
+        life.set_phase("done")
+        life.end_segment(
+            "completed" if self.stop.signal is None else self.stop.name,
+            finished=self.stop.signal is None and died is None,
         )
 
     # ------------------------------------------------------------------ while it runs

@@ -11,7 +11,7 @@ from soakd.errors import Exit
 from soakd.report.document import REPORT_NAME, SUMMARY_NAME, build_report, run_dir
 from soakd.report.html import render_html
 from soakd.report.slo import print_verdict
-from soakd.store import StateReader
+from soakd.state import StateReader
 from soakd.summary import write_json_atomic, write_text_private
 
 log = logging.getLogger("soakd.report")

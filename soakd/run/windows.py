@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from soakd.report.windows import MAX_ROWS, WindowTable
-from soakd.store import WindowRow
+from soakd.state import WindowRow
 from soakd.telemetry.histogram import HistSnapshot
 
 
