@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import fresh_traces as fresh
 from bench import heldout_traces as held
 from soakd.analysis import corpus
-from soakd.analysis.detector import DEFAULT_FLOOR_BYTES_PER_HOUR, MIB, DetectorParams, replay
+from soakd.analysis.detector import DEFAULT_FLOOR_BYTES_PER_HOUR, MIB, DetectorParams
+from soakd.analysis.replay import replay
 
 
 class TraceSet(NamedTuple):

@@ -30,7 +30,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import heldout_traces as held
-from soakd.analysis.detector import DEFAULT_FLOOR_BYTES_PER_HOUR, MIB, DetectorParams, replay
+from soakd.analysis.detector import DEFAULT_FLOOR_BYTES_PER_HOUR, MIB, DetectorParams
+from soakd.analysis.replay import replay
 
 HOUR = 3600.0
 RATES = (1, 2, 5, 10, 20, 50, 100, 200)

@@ -45,7 +45,7 @@ Pure numpy (no torch, no scipy.stats), so ``soakd analyze`` starts fast.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -260,33 +260,7 @@ class Grid:
             levelling = w * p.bin > p.warmup + p.bin
             return Judgement(False, math.nan, 1.0, "warming up", start, 0, self.last, levelling=levelling)
         win = round(p.window / p.bin)
-        lo = p.spans[0]
-        # The trough span, per span judged: the one (up to trough_span) that measures that
-        # span's trend most precisely. Wider rides out a sawtooth; narrower follows plain noise
-        # closely and leaves short spans to judge. The choice looks at the noise only, never at
-        # the slope, so it spends none of alpha.
-        chosen: dict[int, tuple[float, int, Array, Array]] = {}  # span -> (se, width, troughs, noise)
-        for kk in self.trough_choices():
-            env = self._envelope(kk, w)[: m - w][-HISTORY_WINDOWS * win :]
-            yk = env[np.isfinite(env)]
-            # A span needs HISTORY times its length of noise behind it: a swing slower than
-            # the data cannot be told from a leak.
-            longest = min(int(yk.size / HISTORY), win)
-            # A span must hold SPAN_PER_TROUGH trailing-minimum widths: within one width the
-            # envelope holds flat and then jumps as an old minimum leaves it, a slope of one or
-            # two independent values whose tail no normal approximation describes.
-            shortest = max(lo, round(kk * SPAN_PER_TROUGH))
-            if longest < shortest:
-                continue
-            # One level shift is no more noise than it is a leak: the noise is measured with
-            # the largest one taken out.
-            quiet = take_out_step(yk, yk, max_lag=max(2, round(STEP_SETTLE / p.bin)))
-            for n in sorted({*(s for s in p.spans if shortest <= s < longest), longest}):
-                se = math.sqrt(slope_variance(quiet, n))
-                # A narrower width must win clearly: the noise estimate is itself noisy, and
-                # picking the smallest of several would favour one that happens to be too small.
-                if n not in chosen or se < 0.7 * chosen[n][0]:
-                    chosen[n] = (se, kk, yk, quiet)
+        chosen = self._choose_troughs(m, w, win)
         if not chosen:
             levelling = w * p.bin > p.warmup + p.bin
             reason = "warming up (growth is levelling off)" if levelling else "warming up"
@@ -339,6 +313,38 @@ class Grid:
             p_adj < min(1.0, 20 * p.alpha),
             slope_se_bytes_per_hour=shown.se,
         )
+
+    def _choose_troughs(self, m: int, w: int, win: int) -> dict[int, tuple[float, int, Array, Array]]:
+        """Per span length judged: (slope standard error, trough width, troughs, noise)."""
+        p = self.params
+        lo = p.spans[0]
+        # The trough span, per span judged: the one (up to trough_span) that measures that
+        # span's trend most precisely. Wider rides out a sawtooth; narrower follows plain noise
+        # closely and leaves short spans to judge. The choice looks at the noise only, never at
+        # the slope, so it spends none of alpha.
+        chosen: dict[int, tuple[float, int, Array, Array]] = {}  # span -> (se, width, troughs, noise)
+        for kk in self.trough_choices():
+            env = self._envelope(kk, w)[: m - w][-HISTORY_WINDOWS * win :]
+            yk = env[np.isfinite(env)]
+            # A span needs HISTORY times its length of noise behind it: a swing slower than
+            # the data cannot be told from a leak.
+            longest = min(int(yk.size / HISTORY), win)
+            # A span must hold SPAN_PER_TROUGH trailing-minimum widths: within one width the
+            # envelope holds flat and then jumps as an old minimum leaves it, a slope of one or
+            # two independent values whose tail no normal approximation describes.
+            shortest = max(lo, round(kk * SPAN_PER_TROUGH))
+            if longest < shortest:
+                continue
+            # One level shift is no more noise than it is a leak: the noise is measured with
+            # the largest one taken out.
+            quiet = take_out_step(yk, yk, max_lag=max(2, round(STEP_SETTLE / p.bin)))
+            for n in sorted({*(s for s in p.spans if shortest <= s < longest), longest}):
+                se = math.sqrt(slope_variance(quiet, n))
+                # A narrower width must win clearly: the noise estimate is itself noisy, and
+                # picking the smallest of several would favour one that happens to be too small.
+                if n not in chosen or se < 0.7 * chosen[n][0]:
+                    chosen[n] = (se, kk, yk, quiet)
+        return chosen
 
     def _envelope(self, k: int, start: int) -> Array:
         """Trailing minimum over k bins from bin ``start`` on, over the whole grid (causal, so
@@ -458,87 +464,3 @@ def judge(
     since = float(t[0]) if since is None else since
     grid = Grid(t, v, params, since, now)
     return grid.look(grid.nbins, floor)
-
-
-@dataclass
-class Persistence:
-    """Flips to suspected on the first positive judgement; clears after ``hold`` seconds in
-    which the judgements no longer hold the verdict (hysteresis)."""
-
-    hold: float
-    suspected: bool = False
-    _since: float | None = None  # when a suspected verdict stopped holding
-
-    def update(self, now: float, positive: bool, refuted: bool = False) -> bool:
-        """Feed one judgement (``Judgement.keeps``, ``Judgement.refutes``); returns True when
-        the verdict flipped."""
-        if not self.suspected:
-            if positive:
-                self.suspected, self._since = True, None
-                return True
-            return False
-        if positive:
-            self._since = None
-            return False
-        if self._since is None:
-            self._since = now
-        if refuted or now - self._since >= self.hold:
-            self.suspected, self._since = False, None
-            return True
-        return False
-
-
-@dataclass
-class Replay:
-    """A recorded trace judged as the live monitor would have judged it."""
-
-    final: Judgement
-    suspected: bool
-    first_suspected_at: float | None  # seconds from the start of the trace
-    flips: list[tuple[float, bool]] = field(default_factory=list)
-    evaluations: int = 0
-    first_paged_at: float | None = None  # the first suspicion fast enough to page (``page_above``)
-
-
-def replay(
-    t: Array,
-    v: Array,
-    params: DetectorParams,
-    floor: float,
-    *,
-    step: float = 600.0,
-    stop_on_flag: bool = False,
-    page_above: float = 0.0,
-) -> Replay:
-    """Judge a trace every ``step`` seconds (rounded to whole bins) from its start, up to its end
-    (or, with ``stop_on_flag``, up to its first flag: what a power benchmark needs).
-
-    ``page_above`` (bytes/hour: headroom / ``leak.horizon``) is the live monitor's page rule
-    without its evidence: a suspected verdict pages at the first look whose slope's 90% lower
-    bound reaches it."""
-    if t.size == 0:
-        return Replay(Judgement(False, math.nan, 1.0, "no data"), False, None)
-    t0, t_end = float(t[0]), float(t[-1])
-    grid = Grid(t, v, params, t0, t_end)
-    every = max(1, round(step / params.bin))
-    first = math.ceil(params.warmup / params.bin) + params.spans[0]
-    looks = list(range(min(first, grid.nbins), grid.nbins, every))
-    if not looks or looks[-1] != grid.nbins:
-        looks.append(grid.nbins)
-    state = Persistence(params.persistence)
-    flips: list[tuple[float, bool]] = []
-    first_at: float | None = None
-    paged_at: float | None = None
-    j = Judgement(False, math.nan, 1.0, "warming up")
-    for m in looks:
-        j = grid.look(m, floor)
-        at = m * params.bin
-        if state.update(t0 + at, j.keeps(state.suspected), j.refutes):
-            flips.append((at, state.suspected))
-            if state.suspected and first_at is None:
-                first_at = at
-                if stop_on_flag:
-                    break
-        if state.suspected and paged_at is None and j.slope_lower_bytes_per_hour >= page_above:
-            paged_at = at
-    return Replay(j, state.suspected, first_at, flips, len(looks), paged_at)

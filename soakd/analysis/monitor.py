@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from soakd.analysis.detector import DetectorParams, Judgement, Persistence, floor_for, judge
+from soakd.analysis.detector import DetectorParams, Judgement, floor_for, judge
 from soakd.analysis.evidence import CUDA_SERIES, HOST_SERIES, TARGET_HOST_SERIES, CudaHistory, Evidence
+from soakd.analysis.replay import Persistence
 from soakd.names import TARGET_METRIC_PREFIX
 from soakd.state import default_state_dir
 from soakd.telemetry.catalogue import LEAK_SERIES
