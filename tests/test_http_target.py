@@ -338,6 +338,7 @@ def _rss_mib(pid: int) -> float:
         return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024
 
 
+@pytest.mark.timing  # RSS steps and stalls measured against the wall clock
 def test_a_stalled_server_raises_soakds_rss_once_not_per_stall(bodies: Path, tmp_path: Path) -> None:
     """soakd's own memory under server stalls is a high-water mark, not a leak. Open loop at
     1,000 req/s against bench/minimal_server.py; the server stopped for 1.5 s three times: the
@@ -369,6 +370,7 @@ def test_a_stalled_server_raises_soakds_rss_once_not_per_stall(bodies: Path, tmp
     assert later < first / 3, rss
 
 
+@pytest.mark.timing  # schedule lag bound in ms
 def test_open_loop_stall_counts_from_intended_send_time(bodies: Path, tmp_path: Path) -> None:
     """A server that pauses 500 ms every 2 s, 4 connections, 100 req/s: the few requests the
     server held are not the only slow ones; every request scheduled during the pause waits for a

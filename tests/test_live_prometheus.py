@@ -33,7 +33,11 @@ from soakd.config import LeakConfig
 from tests.conftest import REPO, Daemon, free_port, metric_value, wait_for
 
 PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="needs Prometheus (Debian package prometheus)")
+# timing: the healthy soak must stay under its p99 SLO alert, which a CPU shared with other tests breaks.
+pytestmark = [
+    pytest.mark.skipif(PROMETHEUS is None, reason="needs Prometheus (Debian package prometheus)"),
+    pytest.mark.timing,
+]
 
 DASHBOARDS = sorted((REPO / "grafana" / "dashboards").glob("*.json"))
 # Panels on these metrics need a CUDA device / NVML: they may be empty on a CPU-only host.

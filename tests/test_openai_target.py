@@ -261,6 +261,7 @@ def test_open_loop_ttft_counts_from_the_intended_send(base: str, tmp_path: Path)
     assert s["llm"]["ttft_ms"]["p50"] <= s["latency_ms"]["e2e"]["p50"]
 
 
+@pytest.mark.timing  # a one-second stall of a loaded CPU moves run A's tail
 def test_compare_judges_per_token_latency(base: str, tmp_path: Path) -> None:
     """``soakd compare`` of two LLM soaks: a server whose first token comes 50 ms later is a
     TTFT regression, judged on the requests (not on the gaps between tokens); its token gaps
