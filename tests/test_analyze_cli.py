@@ -153,3 +153,23 @@ def test_analyze_imports_no_torch() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "False", proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("t", "what"),
+    [
+        ([1.7e18, 1.7e18 + 6e11, 1.7e18 + 1.2e12], "timestamps must be in seconds"),  # epoch nanoseconds
+        ([0.0, 60.0, 1e13], "over the bound of 10000000 bins"),  # one absurd gap
+    ],
+)
+def test_a_span_it_cannot_bin_is_refused_not_allocated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], t: list[float], what: str
+) -> None:
+    """Epoch-nanosecond timestamps or a 1e13 s gap would ask numpy for terabytes of bins: exit 2
+    naming the file and the span, at once, and the other files are still judged."""
+    bad = write_trace(tmp_path / "ns.csv", np.array(t), np.array([1.0, 2.0, 3.0]) * 2**30)
+    good = write_pattern(tmp_path, "noise", 0)
+    assert main(["analyze", "--json", str(bad), str(good)]) == 2
+    out, err = capsys.readouterr()
+    assert f"{bad}: timestamps span" in err and what in err
+    assert [json.loads(line)["file"] for line in out.splitlines()] == [str(good)]

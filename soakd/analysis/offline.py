@@ -40,6 +40,24 @@ class TraceData:
     v: np.ndarray
 
 
+# The work follows the rows and the span: the detector bins the span (leak.bin, 60 s), so a
+# trace in nanoseconds, or with a 1e13 s gap, would ask numpy for terabytes.
+MAX_ROWS = 10_000_000
+MAX_BINS = 10_000_000  # 19 years of 60 s bins
+
+
+def check_span(trace: TraceData, bin_seconds: float) -> None:
+    """TraceError naming the file when its time span has more bins than MAX_BINS."""
+    if trace.t.size < 2:
+        return
+    span = float(trace.t[-1] - trace.t[0])
+    if span / bin_seconds > MAX_BINS:
+        raise TraceError(
+            f"{trace.path}: timestamps span {span:.3g} s, over the bound of {MAX_BINS} bins of {bin_seconds:g} s "
+            f"({MAX_BINS * bin_seconds / 86400 / 365:.0f} years); timestamps must be in seconds"
+        )
+
+
 def read_trace(path: Path) -> TraceData:
     """Read ``timestamp_seconds,bytes`` rows; raises TraceError naming the file and line."""
     try:
@@ -56,6 +74,8 @@ def read_trace(path: Path) -> TraceData:
     if not lines or tuple(c.strip() for c in lines[0].split(",")) != HEADER:
         got = lines[0][:80] if lines else "an empty file"
         raise TraceError(f"{path}:1: expected the header {','.join(HEADER)!r}, got {got!r}")
+    if len(lines) - 1 > MAX_ROWS:
+        raise TraceError(f"{path}: {len(lines) - 1} rows, over the bound of {MAX_ROWS} (a year of samples every 3 s)")
     t = np.empty(len(lines) - 1)
     v = np.empty(len(lines) - 1)
     n = 0
@@ -156,6 +176,7 @@ def analyze_command(ns: argparse.Namespace, out: TextIO | None = None, err: Text
     for name in ns.files:
         try:
             trace = read_trace(Path(name))
+            check_span(trace, params.bin)
         except TraceError as exc:
             print(f"soakd analyze: error: {exc}", file=err)
             failed += 1
