@@ -103,6 +103,53 @@ def test_no_import_circle_in_soakd() -> None:
     assert _cycle(graph) is None, f"import circle: {' -> '.join(_cycle(graph) or [])}"
 
 
+# The data flow, bottom up (docs/architecture.md): a module imports only from its own layer or
+# below, so a change low down never needs the rendering or the CLI to make sense. A new top-level
+# module or package of soakd has to be placed here first.
+LAYERS: tuple[frozenset[str], ...] = tuple(
+    frozenset(layer.split())
+    for layer in (
+        "errors names specs",  # words every layer shares
+        "config",  # what the user asked for
+        "host_limits allocator request fingerprint endpoints preflight",  # the process around a run
+        "telemetry models workload",  # measuring, the model, the requests
+        "targets state",  # what is driven, what is kept
+        "load analysis",  # driving it, judging memory
+        "verdicts record summary",  # what a run concludes and the record of it
+        "report",  # rendering
+        "run",  # the order of a soak
+        "cli __main__ store",  # the commands (store: the old import path of state)
+    )
+)
+
+
+def _layer(module: str) -> int:
+    if module == "soakd":  # the package's face: its version, nothing else
+        return 0
+    top = module.split(".")[1]
+    for rank, layer in enumerate(LAYERS):
+        if top in layer:
+            return rank
+    raise AssertionError(f"{module}: soakd.{top} has no layer in LAYERS (tests/test_architecture.py)")
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a module to one in a higher layer, as ``a -> b``."""
+    return sorted(f"{a} -> {b}" for a, deps in graph.items() for b in deps if _layer(b) > _layer(a))
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    """The check below can fail: the config importing the report is upward; the reverse is not."""
+    assert _upward({"soakd.config.read": {"soakd.report.html"}}) == ["soakd.config.read -> soakd.report.html"]
+    assert _upward({"soakd.report.html": {"soakd.config.read", "soakd.report.plots"}}) == []
+
+
+def test_nothing_in_soakd_imports_upward_along_the_data_flow() -> None:
+    mods = _modules()
+    graph = {name: _imports(path, set(mods)) - {name} for name, path in mods.items() if name != "soakd"}
+    assert _upward(graph) == []
+
+
 def test_every_import_inside_a_function_says_why() -> None:
     """An import inside a function (startup cost, an optional dependency) carries a comment on its
     line or the line above."""

@@ -15,6 +15,7 @@ from soakd.request import Request
 from soakd.targets.local import LocalModelTarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.workload.shapes import ShapeSource
+from tests.conftest import wait_for
 
 
 def run_engine(
@@ -66,9 +67,8 @@ def test_batch_of_one_hands_the_model_the_same_tensors_every_time() -> None:
     source = ShapeSource("3x8x8", pool=4)
     engine = Engine(LocalModelTarget(record, torch.device("cpu")), source, cfg, Metrics())
     engine.start()
-    time.sleep(0.3)
+    wait_for(lambda: len(seen) > 50, timeout=30, interval=0.01, what="50 model calls")
     assert engine.stop(drain_timeout=10.0)
-    assert len(seen) > 50
     assert len({id(x) for x in seen}) == 4
     assert {x.data_ptr() for x in seen} == {t.data_ptr() for t in source.pooled()}
 
@@ -107,9 +107,8 @@ def test_closed_loop_keeps_exactly_n_in_flight() -> None:
     engine = Engine(LocalModelTarget(count, torch.device("cpu")), ShapeSource("4"), cfg, Metrics())
     holder.append(engine)
     engine.start()
-    time.sleep(0.3)
+    wait_for(lambda: len(seen) > 100, timeout=30, interval=0.01, what="100 model calls")
     assert engine.stop(drain_timeout=10.0)
-    assert len(seen) > 100
     # The last two calls are the drain's: stop() sends nothing new, so 2 then 1 remain.
     assert seen[-2:] == [2, 1]
     assert set(seen[:-2]) == {3}, sorted(set(seen))
@@ -179,10 +178,9 @@ def test_model_errors_are_counted_and_the_soak_goes_on() -> None:
     )
     engine = Engine(LocalModelTarget(flaky, torch.device("cpu")), ShapeSource("4"), cfg, Metrics())
     engine.start()
-    time.sleep(0.5)
+    wait_for(lambda: engine.stats().completed["error"] > 10, timeout=30, interval=0.01, what="10 errors")
     engine.stop()
     stats = engine.stats()
-    assert stats.completed["error"] > 10
     assert stats.completed["ok"] == pytest.approx(2 * stats.completed["error"], rel=0.1)
 
 

@@ -50,6 +50,7 @@ def test_a_row_paced_by_page_faults_says_so() -> None:
     assert "1,500" in limit.allocator_note(alternating)
 
 
+@pytest.mark.e2e  # soakd and the bench start their own processes (through bench/limit.py)
 def test_a_pinned_soakd_run_reports_its_measured_window(tmp_path: Path) -> None:
     cpu = min(os.sched_getaffinity(0))
     before = time.time()
@@ -69,6 +70,7 @@ def test_a_pinned_soakd_run_reports_its_measured_window(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pins to one of two CPUs")
+@pytest.mark.e2e  # runs soakd as a process (through bench/limit.py)
 def test_more_cpu_instances_than_cores_are_named_in_a_warning(tmp_path: Path) -> None:
     cpu = min(os.sched_getaffinity(0))
     flags = [
