@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from soakd.config import CompareConfig
+from soakd.record.write import stage_summary
 from soakd.report.compare import Comparison, comparison_table, print_comparison
 from soakd.report.noise import quantile_interval
 from soakd.report.units import fmt
-from soakd.summary import stage_summary
 from soakd.telemetry.histogram import LogHistogram
 from tests.conftest import REPO, soakd_cmd
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from soakd.config import ConfigError, SloConfig, load_config
-from soakd.report.slo import check_slos, slo_block
+from soakd.verdicts.slo import check_slos, slo_block
 from tests.report_runs import runs, soakd
 
 SUMMARY = {

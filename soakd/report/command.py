@@ -12,12 +12,12 @@ from typing import Any, TextIO
 
 from soakd.config import CompareConfig, load_config, redact_secrets
 from soakd.errors import Exit, StateError
+from soakd.record.write import write_json_atomic, write_text_private
 from soakd.report.compare import Comparison, load_result, print_comparison
 from soakd.report.data import run_report
 from soakd.report.document import build_report
 from soakd.report.fleet import compare_fleets, fleet_command, is_fleet
-from soakd.report.sources import load_state, saved_summary
-from soakd.summary import write_json_atomic, write_text_private
+from soakd.report.inputs import load_state, saved_summary
 
 
 def report_command(ns: argparse.Namespace) -> int:

@@ -20,12 +20,12 @@ import numpy.typing as npt
 from scipy.stats import norm
 
 from soakd.config import CompareConfig
+from soakd.record.write import LLM_TIMINGS
 from soakd.report import units
 from soakd.report.noise import block_bootstrap_ci, difference, quantile_interval, rate_interval
-from soakd.report.slo import error_ratio
 from soakd.report.validate import load_checked
-from soakd.report.windows import series
-from soakd.summary import LLM_TIMINGS
+from soakd.report.window_rows import series
+from soakd.verdicts.slo import error_ratio
 
 __all__ = ["Comparison", "Row", "block_bootstrap_ci", "comparison_table", "load_result", "print_comparison"]
 

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from soakd.record.write import stage_summary
 from soakd.state import RunNotFound, RunState, StateReader
-from soakd.summary import stage_summary
 from soakd.telemetry.catalogue import OUTCOMES, STAGES
 from soakd.telemetry.histogram import HistSnapshot
 

@@ -19,11 +19,11 @@ import numpy.typing as npt
 
 from soakd.config import LeakConfig, SloConfig
 from soakd.report.data import run_report
-from soakd.report.memory import memory_block
-from soakd.report.slo import slo_block
-from soakd.report.windows import rows_from_windows
+from soakd.report.window_rows import rows_from_windows
 from soakd.state import RunState
 from soakd.telemetry.histogram import HistSnapshot
+from soakd.verdicts.memory import memory_block
+from soakd.verdicts.slo import slo_block
 
 SUMMARY_NAME = "summary.json"  # <state-dir>/<run-id>/summary.json: the last segment's summary
 REPORT_NAME = "report.html"

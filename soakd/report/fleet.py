@@ -24,13 +24,13 @@ from typing import Any, TextIO
 
 from soakd.config import CompareConfig, SloConfig, load_config
 from soakd.errors import Exit, SoakdError, StateError
+from soakd.record.write import stage_summary
 from soakd.report.compare import Comparison, print_comparison
-from soakd.report.slo import error_ratio, slo_block
-from soakd.report.sources import load_report
+from soakd.report.inputs import load_report
 from soakd.report.validate import Malformed, check_fleet, check_result, is_fleet_doc, load_json
-from soakd.summary import stage_summary
 from soakd.telemetry.catalogue import STAGES
 from soakd.telemetry.histogram import HistSnapshot
+from soakd.verdicts.slo import error_ratio, slo_block
 
 Hists = dict[str, HistSnapshot]
 

@@ -35,7 +35,7 @@ from scipy.stats import binom, norm
 
 from soakd.telemetry.histogram import BUCKET_GROWTH
 
-# Summary keys of the latency percentiles and their quantiles (soakd/summary.py QUANTILES).
+# Summary keys of the latency percentiles and their quantiles (soakd/record/write.py QUANTILES).
 QUANTILE_KEYS = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}
 _HALF_BUCKET = math.sqrt(BUCKET_GROWTH)
 

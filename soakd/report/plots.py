@@ -23,9 +23,9 @@ import numpy.typing as npt
 from matplotlib.figure import Figure
 
 from soakd.report import units
-from soakd.report.memory import trend_line
-from soakd.report.windows import series
+from soakd.report.window_rows import series
 from soakd.telemetry.histogram import HistSnapshot
+from soakd.verdicts.memory import trend_line
 
 MAX_POINTS = 2000  # per plotted line; beyond this a plot is slower to draw and no clearer
 STYLE: Any = {  # Any: matplotlib types rc keys as a Literal union

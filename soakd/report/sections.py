@@ -8,9 +8,9 @@ from typing import Any
 
 from soakd.config import redact_secrets
 from soakd.names import TARGET_METRIC_PREFIX
+from soakd.record.write import LLM_TIMINGS
 from soakd.report import units
-from soakd.report.slo import format_limit, format_observed
-from soakd.summary import LLM_TIMINGS
+from soakd.verdicts.slo import format_limit, format_observed
 
 STAGE_ORDER = ("e2e", "queue", "inference", "preprocess", "postprocess")
 QUANTILE_COLUMNS = ("p50", "p90", "p99", "p999", "max", "mean", "count")

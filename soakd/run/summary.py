@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 
 from soakd.config import Config
-from soakd.report.memory import memory_block
-from soakd.report.slo import slo_block
+from soakd.record.write import LLM_TIMINGS, stage_summary
 from soakd.run.windows import Delta
-from soakd.summary import LLM_TIMINGS, stage_summary
+from soakd.verdicts.memory import memory_block
+from soakd.verdicts.slo import slo_block
 
 if TYPE_CHECKING:
     from soakd.analysis.monitor import Verdict

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from soakd.errors import Exit
+from soakd.record.write import write_json_atomic, write_text_private
 from soakd.report.document import REPORT_NAME, SUMMARY_NAME, build_report, run_dir
 from soakd.report.html import render_html
-from soakd.report.slo import print_verdict
 from soakd.state import StateReader
-from soakd.summary import write_json_atomic, write_text_private
+from soakd.verdicts.slo import print_verdict
 
 log = logging.getLogger("soakd.report")
 

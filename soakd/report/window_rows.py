@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from soakd.summary import seconds_to_ms
+from soakd.record.write import seconds_to_ms
 from soakd.telemetry.histogram import HistSnapshot
 
 MAX_ROWS = 720  # a day at 2-minute resolution; a few hundred kB of JSON at most
