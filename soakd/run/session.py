@@ -26,7 +26,7 @@ from soakd.endpoints import EndpointServer
 from soakd.errors import Exit, RunFailed
 from soakd.load.engine import Engine, EngineStats
 from soakd.load.phases import PhaseScheduler
-from soakd.record.write import write_json_atomic
+from soakd.record.write import write_record
 from soakd.run import steps
 from soakd.run.health import Health
 from soakd.run.lifecycle import Lifecycle
@@ -241,7 +241,7 @@ class RunSession:
             target=prep.target_summary() if prep.target_summary is not None else None,
         )
         if cfg.output.summary_json:
-            write_json_atomic(cfg.output.summary_json, summary)
+            write_record(cfg.output.summary_json, summary)
             log.info("summary written to %s", cfg.output.summary_json)
         print_summary(summary, self.out)
         # SLO lines, <state-dir>/<run-id>/report.html; 1 when an SLO is missed.
