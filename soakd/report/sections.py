@@ -11,7 +11,7 @@ from soakd.names import TARGET_METRIC_PREFIX
 from soakd.record.types import BatchSize, Percentiles, RunRecord, ScheduleLag
 from soakd.record.write import LLM_TIMINGS
 from soakd.report import units
-from soakd.verdicts.slo import format_limit, format_observed
+from soakd.report.gate import format_limit, format_observed
 
 STAGE_ORDER = ("e2e", "queue", "inference", "preprocess", "postprocess")
 QUANTILE_COLUMNS = ("p50", "p90", "p99", "p999", "max", "mean", "count")

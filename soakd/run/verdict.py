@@ -11,9 +11,9 @@ from soakd.errors import Exit
 from soakd.record.types import RunRecord, SloBlock
 from soakd.record.write import write_record, write_text_private
 from soakd.report.document import REPORT_NAME, SUMMARY_NAME, build_report, run_dir
+from soakd.report.gate import print_verdict
 from soakd.report.html import render_html
 from soakd.state import StateReader
-from soakd.verdicts.slo import print_verdict
 
 log = logging.getLogger("soakd.report")
 

@@ -14,11 +14,9 @@ a server refuses, soakd backs off, so an outage sends few requests to fail.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TextIO
 
 from soakd.config import SloConfig
 from soakd.record.types import RunRecord, SloBlock, SloCheck
-from soakd.report.units import with_unit  # one format per unit, as in the reports
 
 
 @dataclass(frozen=True)
@@ -113,29 +111,3 @@ def slo_block(slo: SloConfig, record: RunRecord) -> SloBlock:
             for c in checks
         ],
     )
-
-
-def format_observed(check: SloCheck) -> str:
-    v = check.observed
-    if v is None:
-        return "nothing measured" if check.status == "FAIL" else "-"
-    if isinstance(v, float):
-        return with_unit(v, check.unit)
-    return str(v)
-
-
-def format_limit(check: SloCheck) -> str:
-    if check.limit is None:
-        return check.op
-    return f"{check.op} {check.limit:g} {check.unit}".strip()
-
-
-def print_verdict(block: SloBlock, out: TextIO) -> None:
-    """``SLO pass/FAIL`` lines for the end of a run."""
-    if not block.checks:
-        print("SLO: none configured ([slo] in --config)", file=out)
-        return
-    for c in block.checks:
-        print(f"SLO {c.status:<4} {c.name:<28} observed {format_observed(c):<18} limit {format_limit(c)}", file=out)
-    verdict = "met" if block.passed else f"MISSED ({', '.join(block.failed)})"
-    print(f"SLO verdict: {verdict}", file=out)
