@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from soakd.config import CompareConfig
+from soakd.record.read import read_record
 from soakd.report.command import compare_command
 from soakd.report.compare import Comparison, block_bootstrap_ci, print_comparison
 from tests.report_runs import runs, soakd
@@ -41,7 +42,10 @@ def doc(throughputs: list[float], p99s: list[float], **extra: Any) -> dict[str, 
 
 
 def judged(a: dict[str, Any], b: dict[str, Any], cfg: CompareConfig | None = None) -> Comparison:
-    return Comparison(a, b, cfg or CompareConfig()).run()
+    # Through JSON, as compare reads a summary from its file (numpy figures become plain numbers).
+    return Comparison(
+        read_record(json.loads(json.dumps(a))), read_record(json.loads(json.dumps(b))), cfg or CompareConfig()
+    ).run()
 
 
 class TestNoise:

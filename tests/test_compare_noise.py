@@ -10,23 +10,31 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
 from soakd.config import CompareConfig
+from soakd.record.read import read_record
+from soakd.record.types import Percentiles, RunRecord
+from soakd.record.write import stage_summary
 from soakd.report.compare import Comparison, comparison_table, print_comparison
 from soakd.report.noise import quantile_interval
 from soakd.report.units import fmt
-from soakd.summary import stage_summary
 from soakd.telemetry.histogram import LogHistogram
 from tests.conftest import REPO, soakd_cmd
 
 
-def summary_of(samples_s: np.ndarray) -> dict[str, Any]:
+def as_read(doc: dict[str, Any]) -> RunRecord:
+    """A summary as compare reads it from its file: through JSON, then the one reader."""
+    return read_record(json.loads(json.dumps(doc)))
+
+
+def summary_of(samples_s: np.ndarray) -> Percentiles:
     """A stage's summary (p50 ... max, count) as soakd writes it, from raw latencies in seconds."""
     h = LogHistogram()
     h.observe_many(samples_s)
-    return stage_summary(h.snapshot())
+    return msgspec.convert(stage_summary(h.snapshot()), Percentiles)
 
 
 @pytest.mark.parametrize(
@@ -65,17 +73,17 @@ def test_large_counts_give_tight_intervals() -> None:
     stage = summary_of(rng.lognormal(np.log(0.004), 0.6, 1_000_000))
     interval = quantile_interval(stage, "p99", 0.95)
     assert interval is not None
-    assert stage["p99"] / 1.04 < interval[0] < stage["p99"] < interval[1] < stage["p99"] * 1.04
+    assert stage.p99 / 1.04 < interval[0] < stage.p99 < interval[1] < stage.p99 * 1.04
 
 
 def test_no_count_no_interval() -> None:
     """A summary stage without a count gives no estimate (compare then says 'cannot tell')."""
-    assert quantile_interval({"p99": 1.0, "max": 2.0}, "p99", 0.95) is None
+    assert quantile_interval(Percentiles(p99=1.0, max=2.0), "p99", 0.95) is None
 
 
 def _short(p99_samples: np.ndarray, seconds: float, stage_name: str = "queue") -> dict[str, Any]:
     """A summary of a short run (no windows) whose one stage holds these latencies (seconds)."""
-    stage = summary_of(p99_samples)
+    stage = msgspec.to_builtins(summary_of(p99_samples))
     return {
         "throughput_rps": stage["count"] / seconds,
         "duration_seconds": seconds,
@@ -95,7 +103,7 @@ def test_two_short_runs_of_one_load_are_within_noise() -> None:
     for _ in range(50):
         a = _short(rng.lognormal(np.log(5e-5), 0.5, 400), 10.0)
         b = _short(rng.lognormal(np.log(5e-5), 0.5, 400), 10.0)
-        cmp = Comparison(a, b, cfg).run()
+        cmp = Comparison(as_read(a), as_read(b), cfg).run()
         flagged += bool(cmp.regressions)
         row = next(r for r in cmp.rows if r.metric == "p99 queue")
         assert "histogram sampling error" in row.interval
@@ -107,7 +115,7 @@ def test_a_real_slowdown_is_still_caught_without_windows() -> None:
     rng = np.random.default_rng(6)
     a = _short(rng.lognormal(np.log(0.002), 0.4, 20_000), 10.0)
     b = _short(rng.lognormal(np.log(0.004), 0.4, 20_000), 10.0)
-    cmp = Comparison(a, b, CompareConfig()).run()
+    cmp = Comparison(as_read(a), as_read(b), CompareConfig()).run()
     assert cmp.regressions == ["p99 queue"]
 
 
@@ -128,12 +136,16 @@ def test_requests_in_flight_together_count_as_one_sample() -> None:
     rng = np.random.default_rng(11)
     cfg = CompareConfig()
     false_alarms = sum(
-        "p99 e2e" in Comparison(_in_flight_run(rng, 500), _in_flight_run(rng, 500), cfg).run().regressions
+        "p99 e2e"
+        in Comparison(as_read(_in_flight_run(rng, 500)), as_read(_in_flight_run(rng, 500)), cfg).run().regressions
         for _ in range(100)
     )
     assert false_alarms <= 2
     caught = sum(
-        "p99 e2e" in Comparison(_in_flight_run(rng, 2000), _in_flight_run(rng, 2000, 0.004), cfg).run().regressions
+        "p99 e2e"
+        in Comparison(as_read(_in_flight_run(rng, 2000)), as_read(_in_flight_run(rng, 2000, 0.004)), cfg)
+        .run()
+        .regressions
         for _ in range(20)
     )
     assert caught >= 12
@@ -158,7 +170,7 @@ def test_columns_never_run_together() -> None:
         "requests": {"ok": 10, "error": 3},
         "memory": {"host_rss": {"slope_bytes_per_hour": -3e12}, "torch_cuda_reserved": {"slope_bytes_per_hour": 1.0}},
     }
-    cmp = Comparison(a, b, CompareConfig()).run()
+    cmp = Comparison(as_read(a), as_read(b), CompareConfig()).run()
     lines = comparison_table(cmp)
     for row, line in zip(cmp.rows, lines[1:], strict=True):
         figures = line.split("  (", 1)[0]  # the verdict's reasons follow in parentheses
@@ -237,5 +249,5 @@ def test_real_runs_without_windows_use_the_histograms(two_short_runs: tuple[Path
     assert "histogram sampling error" in res.stdout and "Poisson error of the ok counts" in res.stdout
     printed = io.StringIO()
     docs = [json.loads(p.read_text()) for p in stripped]
-    print_comparison(Comparison(docs[0], docs[1], CompareConfig()).run(), "A", "B", printed)
+    print_comparison(Comparison(as_read(docs[0]), as_read(docs[1]), CompareConfig()).run(), "A", "B", printed)
     assert printed.getvalue().strip().endswith(("no regression", ")"))

@@ -19,9 +19,9 @@ import numpy.typing as npt
 import pytest
 
 from soakd.cli import main
+from soakd.record.write import stage_summary
 from soakd.report.fleet import hists_from_json
-from soakd.report.sources import load_report
-from soakd.summary import stage_summary
+from soakd.report.inputs import load_report
 from soakd.telemetry.histogram import HistSnapshot
 from tests.conftest import REPO, soakd_cmd
 from tests.report_runs import runs, soakd

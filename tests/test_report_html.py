@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from soakd.record.read import read_record
 from soakd.report.document import ReportDoc
 from soakd.report.html import render_html
 from soakd.report.markdown import render_markdown
@@ -124,21 +125,23 @@ def test_text_is_escaped() -> None:
     evil = "<script>alert(1)</script>"
     t = np.arange(10, dtype=np.float64)
     doc = ReportDoc(
-        data={
-            "run_id": evil,
-            "requests": {"ok": 1},
-            "latency_ms": {"e2e": {"p99": 1.0}},
-            "events": [{"t": "now", "segment": 1, "kind": "error", "detail": evil}],
-            "memory": {evil: {"first": 1.0, "verdict": evil}},
-            "run": {"model": evil, "config": {"model": {"spec": evil}}},
-        },
+        record=read_record(
+            {
+                "run_id": evil,
+                "requests": {"ok": 1},
+                "latency_ms": {"e2e": {"p99": 1.0}},
+                "events": [{"t": "now", "segment": 1, "kind": "error", "detail": evil}],
+                "memory": {evil: {"first": 1.0, "verdict": evil}},
+                "run": {"model": evil, "config": {"model": {"spec": evil}}},
+            }
+        ),
         samples={evil: (t, t * 1000)},
         t0=0.0,
     )
     page = render_html(doc)
     assert "<script" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
-    md = render_markdown(ReportDoc(data={**doc.data, "events": [{"detail": "a | b\nc"}]}))
+    md = render_markdown(ReportDoc(record=read_record({**doc.data, "events": [{"detail": "a | b\nc"}]})))
     assert "a \\| b c" in md
 
 

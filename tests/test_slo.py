@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from soakd.config import ConfigError, SloConfig, load_config
-from soakd.report.slo import check_slos, slo_block
+from soakd.record.read import read_record
+from soakd.record.write import to_json_object
+from soakd.verdicts import slo as gate
 from tests.report_runs import runs, soakd
 
 SUMMARY = {
@@ -23,6 +25,15 @@ SUMMARY = {
         "host_uss": {"leak_suspected": None},
     },
 }
+
+
+def slo_block(slo: SloConfig, summary: dict[str, Any]) -> dict[str, Any]:
+    """The ``slo`` block as the summary writes it, for a summary given as its JSON."""
+    return to_json_object(gate.slo_block(slo, read_record(summary)))
+
+
+def check_slos(slo: SloConfig, summary: dict[str, Any]) -> list[gate.Check]:
+    return gate.check_slos(slo, read_record(summary))
 
 
 def by_name(block: dict[str, object]) -> dict[str, dict[str, object]]:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from soakd.errors import StateError
+from soakd.record.write import to_json_object
 from soakd.report.data import load_run_report, load_series, load_timeline
 from soakd.state import CURRENT_RUN, DB_NAME, StateStore, WindowRow, resolve_run_id
 from soakd.telemetry.histogram import LogHistogram
@@ -47,7 +48,7 @@ def test_store_uses_wal_and_commits_what_was_queued(tmp_path: Path) -> None:
     store.end_segment(seg, "completed", finished=True)
     store.close()
     assert not (tmp_path / CURRENT_RUN).exists()  # a finished run is not resumed
-    report = load_run_report(tmp_path, "r1")
+    report = to_json_object(load_run_report(tmp_path, "r1"))
     assert report["requests"]["ok"] == 3 and report["latency_ms"]["e2e"]["count"] == 3
     assert report["finished"] and report["run"] == {"model": "builtin:noop"}
 
@@ -62,7 +63,7 @@ def test_writer_thread_upserts_the_open_window(tmp_path: Path) -> None:
     store.flush()
     latest["row"] = next(rows)
     store.close()  # the writer was never started: close flushes once more
-    assert load_run_report(tmp_path, "r1")["requests"]["ok"] == 5
+    assert to_json_object(load_run_report(tmp_path, "r1"))["requests"]["ok"] == 5
     assert len(load_timeline(tmp_path, "r1")) == 1
 
 
@@ -75,7 +76,7 @@ def test_corrupt_state_file_is_moved_aside_for_a_fresh_one(tmp_path: Path) -> No
     assert len(aside) == 1 and aside[0].read_bytes().startswith(b"this is not a database")
     store.begin_segment("r1", None)
     store.close()
-    assert load_run_report(tmp_path)["run_id"] == "r1"
+    assert to_json_object(load_run_report(tmp_path))["run_id"] == "r1"
 
 
 def test_locked_state_file_is_moved_aside_after_the_lock_timeout(tmp_path: Path) -> None:
@@ -128,11 +129,11 @@ def test_downsampling_and_retention_keep_totals_and_bound_rows(tmp_path: Path) -
             seg, "r1", _window(start + 60 * i, start + 60 * (i + 1), 10, list(rng.uniform(0.001, 0.002, 10)))
         )
     store.flush()
-    before = load_run_report(tmp_path, "r1")
+    before = to_json_object(load_run_report(tmp_path, "r1"))
     clock.t = start + 3 * DAY
     store.maintain()
     store.close()
-    after = load_run_report(tmp_path, "r1")
+    after = to_json_object(load_run_report(tmp_path, "r1"))
     assert after["requests"]["ok"] == before["requests"]["ok"] == 10 * n_windows
     assert after["latency_ms"]["e2e"]["p99"] == before["latency_ms"]["e2e"]["p99"]
     assert after["memory"]["host_rss"]["samples"] == n_samples

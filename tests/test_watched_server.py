@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 from telemetry_fakes import FakeNvml
@@ -21,6 +22,7 @@ from test_http_target import Server
 from soakd.analysis.monitor import LeakMonitor
 from soakd.config import LeakConfig
 from soakd.errors import TargetError
+from soakd.record.types import RunRecord
 from soakd.report.sections import memory_rows
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.scrape import ScrapeSampler, parse_page
@@ -350,7 +352,7 @@ def test_report_shows_a_scraped_gauge_in_its_own_unit() -> None:
             },
         }
     }
-    rss, kv = memory_rows(data)
+    rss, kv = memory_rows(msgspec.convert(data, RunRecord))
     assert rss[:3] == ["target_rss", "100.0", "110.0"]
     assert kv[:3] == ["target_metric:vllm:kv_cache_usage_perc (own unit)", "0.2", "0.52"]
     assert kv[6] == "+14.4"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from soakd.report import windows
-from soakd.report.windows import rows_from_windows
+from soakd.report import window_rows
+from soakd.report.window_rows import rows_from_windows
 from soakd.run.windows import WindowRecorder, window_length
 from soakd.telemetry.histogram import HistSnapshot, LogHistogram
 from tests.conftest import free_port, soakd_cmd
@@ -92,7 +92,7 @@ def test_the_recorder_does_not_grow_over_a_long_soak() -> None:
     eng = FakeEngine()
     rec = WindowRecorder()
     rec.start(Stats(0.0, {}, {"e2e": eng.e2e.snapshot(), "queue": eng.queue.snapshot()}))
-    only_windows = [tracemalloc.Filter(True, windows.__file__)]
+    only_windows = [tracemalloc.Filter(True, window_rows.__file__)]
 
     def held() -> int:
         return sum(t.size for t in tracemalloc.take_snapshot().filter_traces(only_windows).traces)

@@ -4,20 +4,21 @@ documents themselves are built by the pure modules beside this one."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from soakd.config import CompareConfig, load_config, redact_secrets
 from soakd.errors import Exit, StateError
-from soakd.report.compare import Comparison, load_result, print_comparison
+from soakd.record.read import load_record
+from soakd.record.types import FleetRecord, RunRecord
+from soakd.record.write import dump_record, write_record, write_text_private
+from soakd.report.compare import Comparison, print_comparison
 from soakd.report.data import run_report
 from soakd.report.document import build_report
-from soakd.report.fleet import compare_fleets, fleet_command, is_fleet
-from soakd.report.sources import load_state, saved_summary
-from soakd.summary import write_json_atomic, write_text_private
+from soakd.report.fleet import compare_fleets, fleet_command
+from soakd.report.inputs import load_state, saved_summary
 
 
 def report_command(ns: argparse.Namespace) -> int:
@@ -34,12 +35,12 @@ def report_command(ns: argparse.Namespace) -> int:
         report = run_report(state)
         _redact_run(report)
         if ns.output:
-            _write(ns.output, lambda: write_json_atomic(ns.output, report))
+            _write(ns.output, lambda: write_record(ns.output, report))
         else:
-            sys.stdout.write(json.dumps(report, indent=2, allow_nan=False, default=str) + "\n")
+            sys.stdout.write(dump_record(report))
         return Exit.OK
     doc = build_report(state, slo=slo, summary=saved_summary(ns.state_dir, state.run_id))
-    _redact_run(doc.data)
+    _redact_run(doc.record)
     if ns.format == "html":
         from soakd.report.html import render_html  # matplotlib loads only for HTML
 
@@ -49,22 +50,22 @@ def report_command(ns: argparse.Namespace) -> int:
 
         text = render_markdown(doc)
     else:
-        text = json.dumps(doc.data, indent=2, allow_nan=False, default=str) + "\n"
+        text = dump_record(doc.record)
     if ns.output:
         _write(ns.output, lambda: write_text_private(Path(ns.output), text))
         print(f"report: {ns.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
-    if ns.config and not doc.data["slo"]["passed"]:
+    gate = doc.record.slo_block
+    if ns.config and gate is not None and not gate.passed:
         return Exit.FAIL
     return Exit.OK
 
 
-def _redact_run(data: dict[str, Any]) -> None:
+def _redact_run(record: RunRecord) -> None:
     """A state file written before redaction existed must not leak its secrets into a report."""
-    run = data.get("run")
-    if isinstance(run, dict) and isinstance(run.get("config"), dict):
-        run["config"] = redact_secrets(run["config"])
+    if record.config:
+        record.run = {**record.fingerprint, "config": redact_secrets(record.config)}
 
 
 def _write(output: str, write: Callable[[], None]) -> None:
@@ -76,22 +77,23 @@ def _write(output: str, write: Callable[[], None]) -> None:
 
 def compare_command(ns: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     cfg = load_config(ns.config).compare if ns.config else CompareConfig()
-    docs = []
+    docs: list[RunRecord | FleetRecord] = []
     for path in (ns.a, ns.b):
         try:
-            docs.append(load_result(path))
+            docs.append(load_record(path))
         except (OSError, ValueError) as exc:
             print(f"soakd: error: {path}: {exc}", file=sys.stderr)
             return Exit.USAGE
-    if is_fleet(docs[0]) != is_fleet(docs[1]):
+    a, b = docs
+    if isinstance(a, FleetRecord) and isinstance(b, FleetRecord):
+        return compare_fleets(a, b, cfg, ns.a, ns.b, out)
+    if not isinstance(a, RunRecord) or not isinstance(b, RunRecord):
         print(
-            f"soakd: error: {ns.a if is_fleet(docs[0]) else ns.b} is a fleet report and the other is not: "
+            f"soakd: error: {ns.a if isinstance(a, FleetRecord) else ns.b} is a fleet report and the other is not: "
             "compare a fleet with a fleet",
             file=sys.stderr,
         )
         return Exit.USAGE
-    if is_fleet(docs[0]):
-        return compare_fleets(docs[0], docs[1], cfg, ns.a, ns.b, out)
-    cmp = Comparison(docs[0], docs[1], cfg).run()
+    cmp = Comparison(a, b, cfg).run()
     print_comparison(cmp, ns.a, ns.b, out)
     return Exit.FAIL if cmp.regressions else Exit.OK

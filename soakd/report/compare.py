@@ -20,12 +20,13 @@ import numpy.typing as npt
 from scipy.stats import norm
 
 from soakd.config import CompareConfig
+from soakd.record.read import load_record
+from soakd.record.types import FleetRecord, LlmBlock, MemorySeries, Percentiles, RunRecord
+from soakd.record.write import LLM_TIMINGS
 from soakd.report import units
 from soakd.report.noise import block_bootstrap_ci, difference, quantile_interval, rate_interval
-from soakd.report.slo import error_ratio
-from soakd.report.validate import load_checked
-from soakd.report.windows import series
-from soakd.summary import LLM_TIMINGS
+from soakd.report.window_rows import series
+from soakd.verdicts.slo import error_ratio
 
 __all__ = ["Comparison", "Row", "block_bootstrap_ci", "comparison_table", "load_result", "print_comparison"]
 
@@ -45,6 +46,7 @@ CONFIG_IGNORED = ("output", "state", "metrics", "otel")  # where a run writes, n
 STAGE_ORDER = ("e2e", "queue", "inference", "preprocess", "postprocess")
 
 Interval = tuple[float, float]
+NONE = Percentiles()  # a stage one side does not have
 
 
 @dataclass
@@ -68,24 +70,25 @@ class Row:
         return "ok" if self.change else ""
 
 
-def _windows(doc: dict[str, Any], key: str, stage: str | None = None) -> npt.NDArray[np.float64]:
-    vals = np.asarray(series(doc.get("windows") or [], key, stage), dtype=np.float64)
+def _windows(doc: RunRecord, key: str, stage: str | None = None) -> npt.NDArray[np.float64]:
+    vals = np.asarray(series(doc.rows, key, stage), dtype=np.float64)
     return vals[np.isfinite(vals)]
 
 
-def _per_sample(doc: dict[str, Any]) -> float:
+def _per_sample(doc: RunRecord) -> float:
     """Requests per independent latency sample: the mean batch size, or the mean number of
     requests in flight together (Little's law: throughput x mean e2e) where that is larger.
     Requests in one batch share its call; requests in flight together share the server's
     stalls (a GC pause, a busy event loop moves all of them at once), so n requests hold about
     n / that many independent latencies. Taking every overlap as fully shared is the cautious
     end: it can call a real change noise, never noise a change."""
-    mean = (doc.get("batch_size") or {}).get("mean")
-    batch = float(mean) if isinstance(mean, (int, float)) and mean >= 1 else 1.0
-    rps, e2e = doc.get("throughput_rps"), ((doc.get("latency_ms") or {}).get("e2e") or {}).get("mean")
+    mean = doc.mean_batch
+    batch = mean if mean is not None and mean >= 1 else 1.0
+    e2e = doc.latency_ms.get("e2e")
+    rps, e2e_mean = doc.throughput_rps, None if e2e is None else e2e.mean
     in_flight = 1.0
-    if isinstance(rps, (int, float)) and isinstance(e2e, (int, float)) and rps > 0 and e2e > 0:
-        in_flight = rps * e2e / 1000.0
+    if rps is not None and e2e_mean is not None and rps > 0 and e2e_mean > 0:
+        in_flight = rps * e2e_mean / 1000.0
     return max(1.0, batch, in_flight)
 
 
@@ -97,7 +100,7 @@ def _signed(v: float, unit: str) -> str:
 
 
 class Comparison:
-    def __init__(self, a: dict[str, Any], b: dict[str, Any], cfg: CompareConfig, seed: int = 0) -> None:
+    def __init__(self, a: RunRecord, b: RunRecord, cfg: CompareConfig, seed: int = 0) -> None:
         self.a, self.b, self.cfg = a, b, cfg
         self.rng = np.random.default_rng(seed)
         self.rows: list[Row] = []
@@ -157,21 +160,21 @@ class Comparison:
     # ------------------------------------------------------------ metrics
 
     def throughput(self) -> None:
-        a, b = self.a.get("throughput_rps"), self.b.get("throughput_rps")
+        a, b = self.a.throughput_rps, self.b.throughput_rps
         row = Row("throughput", a, b, "req/s")
         if a is not None and b is not None:
             row.change = units.change(a, b, row.unit)
             past = a > 0 and (a - b) / a > self.cfg.max_throughput_drop
-            ia = rate_interval((self.a.get("requests") or {}).get("ok"), a, self.cfg.confidence)
-            ib = rate_interval((self.b.get("requests") or {}).get("ok"), b, self.cfg.confidence)
+            ia = rate_interval(self.a.requests.get("ok"), a, self.cfg.confidence)
+            ib = rate_interval(self.b.requests.get("ok"), b, self.cfg.confidence)
             self._judge(row, past, "throughput_rps", None, worse_if_higher=False, counts=(ia, ib))
         self.rows.append(row)
 
     def _percentile_rows(
         self,
         label: str,
-        sa: dict[str, Any],
-        sb: dict[str, Any],
+        sa: Percentiles,
+        sb: Percentiles,
         stage: str | None,
         per_sample: tuple[float, float],
     ) -> None:
@@ -179,7 +182,7 @@ class Comparison:
         context. ``stage``: its name in the windows (None: the windows do not carry it, so its
         histogram's counts estimate the noise); ``per_sample``: samples per independent one."""
         for q in ("p50", "p90", "p99", "p999"):
-            a, b = sa.get(q), sb.get(q)
+            a, b = getattr(sa, q), getattr(sb, q)
             row = Row(f"{q} {label}", a, b, "ms")
             if a is not None and b is not None:
                 row.change = units.change(a, b, row.unit)
@@ -194,27 +197,24 @@ class Comparison:
             self.rows.append(row)
 
     def latency(self) -> None:
-        la: dict[str, dict[str, Any]] = self.a.get("latency_ms", {})
-        lb: dict[str, dict[str, Any]] = self.b.get("latency_ms", {})
+        la, lb = self.a.latency_ms, self.b.latency_ms
         extra = sorted((set(la) | set(lb)) - set(STAGE_ORDER))
         per = (_per_sample(self.a), _per_sample(self.b))
         for stage in [s for s in STAGE_ORDER if s in la or s in lb] + extra:
-            self._percentile_rows(stage, la.get(stage, {}), lb.get(stage, {}), stage, per)
+            self._percentile_rows(stage, la.get(stage, NONE), lb.get(stage, NONE), stage, per)
 
     def llm(self) -> None:
         """Per-token timings and goodput of two LLM soaks (``--api openai``); nothing otherwise.
         The inter-token gaps of one request share its server batch and its decode, so the
         independent samples are requests, and requests in flight together share the server's
         stalls: gaps per request times requests per sample is the design effect."""
-        la: dict[str, Any] = self.a.get("llm") or {}
-        lb: dict[str, Any] = self.b.get("llm") or {}
-        if not la and not lb:
+        if self.a.llm_block is None and self.b.llm_block is None:
             return
+        la, lb = self.a.llm_block or LlmBlock(), self.b.llm_block or LlmBlock()
 
-        def gaps_per_request(llm: dict[str, Any]) -> float:
-            itl: dict[str, Any] = llm.get("itl_ms") or {}
-            ttft: dict[str, Any] = llm.get("ttft_ms") or {}
-            gaps, requests = itl.get("count"), ttft.get("count")
+        def gaps_per_request(llm: LlmBlock) -> float:
+            gaps = None if llm.itl_ms is None else llm.itl_ms.count
+            requests = None if llm.ttft_ms is None else llm.ttft_ms.count
             if isinstance(gaps, int) and isinstance(requests, int) and requests > 0:
                 return gaps / requests
             return 1.0
@@ -222,21 +222,21 @@ class Comparison:
         requests = (_per_sample(self.a), _per_sample(self.b))
         gaps = (requests[0] * gaps_per_request(la), requests[1] * gaps_per_request(lb))
         for name, key in LLM_TIMINGS:
-            sa, sb = la.get(key) or {}, lb.get(key) or {}
-            if sa or sb:
-                self._percentile_rows(name, sa, sb, None, gaps if key == "itl_ms" else requests)
-        a, b = la.get("goodput_rps"), lb.get("goodput_rps")
+            sa, sb = getattr(la, key), getattr(lb, key)
+            if sa is not None or sb is not None:
+                self._percentile_rows(name, sa or NONE, sb or NONE, None, gaps if key == "itl_ms" else requests)
+        a, b = la.goodput_rps, lb.goodput_rps
         row = Row("goodput", a, b, "req/s")
         if a is not None and b is not None:
             row.change = units.change(a, b, row.unit)
             past = a > 0 and (a - b) / a > self.cfg.max_throughput_drop
-            ia = rate_interval(la.get("goodput_requests"), a, self.cfg.confidence)
-            ib = rate_interval(lb.get("goodput_requests"), b, self.cfg.confidence)
+            ia = rate_interval(la.goodput_requests, a, self.cfg.confidence)
+            ib = rate_interval(lb.goodput_requests, b, self.cfg.confidence)
             self._judge(row, past, None, None, worse_if_higher=False, counts=(ia, ib))
         self.rows.append(row)
 
     def errors(self) -> None:
-        ra, rb = self.a.get("requests", {}), self.b.get("requests", {})
+        ra, rb = self.a.requests, self.b.requests
         a, b = error_ratio(ra), error_ratio(rb)
         row = Row("error ratio", a, b, "ratio")
         if a is not None and b is not None:
@@ -255,27 +255,20 @@ class Comparison:
         self.rows.append(row)
 
     def memory(self) -> None:
-        ma: dict[str, dict[str, Any]] = self.a.get("memory", {})
-        mb: dict[str, dict[str, Any]] = self.b.get("memory", {})
+        ma, mb = self.a.series, self.b.series
         for name in sorted(set(ma) | set(mb)):
-            sa, sb = ma.get(name, {}), mb.get(name, {})
-
-            def slope(s: dict[str, Any]) -> float | None:
-                v = s.get("slope_bytes_per_hour")
-                return v if v is not None else s.get("trend_bytes_per_hour")
-
-            a, b = slope(sa), slope(sb)
+            sa, sb = ma.get(name, MemorySeries()), mb.get(name, MemorySeries())
+            a, b = sa.slope, sb.slope
             row = Row(f"memory slope {name}", a, b, "MiB/h")
             if a is not None and b is not None:
                 row.change = units.change(a, b, row.unit)
-            if sb.get("leak_suspected") and not sa.get("leak_suspected"):
+            if sb.leak and not sa.leak:
                 row.note = "leak suspected in B, not in A"
                 row.regression = self.cfg.leak
             self.rows.append(row)
 
     def fingerprints(self) -> None:
-        fa: dict[str, Any] = self.a.get("run", {}) or {}
-        fb: dict[str, Any] = self.b.get("run", {}) or {}
+        fa, fb = self.a.fingerprint, self.b.fingerprint
         for key in FINGERPRINT_KEYS:
             if fa.get(key) != fb.get(key):
                 self.warnings.append(f"fingerprints differ in {key}: {fa.get(key)!r} vs {fb.get(key)!r}")
@@ -361,7 +354,7 @@ def print_comparison(cmp: Comparison, a_name: str, b_name: str, out: TextIO) -> 
         print("no regression", file=out)
 
 
-def load_result(path: str) -> dict[str, Any]:
-    """A summary (``--summary-json``), a report (``report --format json``) or a fleet JSON, its
-    keys checked: ValueError naming the key that is not what a run writes (exit 2 naming the file)."""
-    return load_checked(path)
+def load_result(path: str) -> RunRecord | FleetRecord:
+    """A summary (``--summary-json``), a report (``report --format json``) or a fleet JSON, from
+    any soakd version: ValueError naming the key that is not what a run writes (exit 2 naming the file)."""
+    return load_record(path)

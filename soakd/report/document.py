@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
 from soakd.config import LeakConfig, SloConfig
+from soakd.record.types import MemorySeries, RunRecord, WindowRow
+from soakd.record.write import to_json_object
 from soakd.report.data import run_report
-from soakd.report.memory import memory_block
-from soakd.report.slo import slo_block
-from soakd.report.windows import rows_from_windows
+from soakd.report.window_rows import rows_from_windows
 from soakd.state import RunState
 from soakd.telemetry.histogram import HistSnapshot
+from soakd.verdicts.memory import memory_block
+from soakd.verdicts.slo import slo_block
 
 SUMMARY_NAME = "summary.json"  # <state-dir>/<run-id>/summary.json: the last segment's summary
 REPORT_NAME = "report.html"
@@ -44,10 +48,15 @@ Array = npt.NDArray[np.float64]
 
 @dataclass
 class ReportDoc:
-    data: dict[str, Any]  # JSON-able: what `report --format json` prints
+    record: RunRecord  # what `report --format json` prints
     samples: dict[str, tuple[Array, Array]] = field(default_factory=dict)  # memory: unix t, bytes
     hists: dict[str, HistSnapshot] = field(default_factory=dict)  # latency per stage, whole run
     t0: float | None = None  # unix time of the first window: the plots' zero
+
+    @cached_property
+    def data(self) -> dict[str, Any]:
+        """The record as JSON values, for the renderers (built once: the record is final by then)."""
+        return to_json_object(self.record)
 
 
 def run_dir(state_dir: str | Path, run_id: str) -> Path:
@@ -60,21 +69,36 @@ def _section(cls: type[Any], data: dict[str, Any] | None) -> Any:
     return cls(**{k: v for k, v in (data or {}).items() if k in names})
 
 
+def _live_verdict(m: MemorySeries) -> dict[str, Any]:
+    """A saved summary's live leak verdict, as :func:`memory_block` takes it."""
+    return {
+        "state": m.leak_state,
+        "suspected": m.leak_suspected,
+        "slope_bytes_per_hour": m.slope_bytes_per_hour,
+        "p_value": m.p_value,
+        "detectable_slope_bytes_per_hour": m.detectable_slope_bytes_per_hour,
+        "judged_seconds": m.judged_seconds,
+        "exhaustion_eta_seconds": m.exhaustion_eta_seconds,
+        "reason": str(m.verdict or "").split(": ", 1)[-1],
+    }
+
+
 def build_report(
-    state: RunState, *, slo: SloConfig | None = None, summary: dict[str, Any] | None = None, judged: bool = False
+    state: RunState, *, slo: SloConfig | None = None, summary: RunRecord | None = None, judged: bool = False
 ) -> ReportDoc:
     """The run's report from its state. ``slo``: checks to apply (default: the run's own
     ``[slo]``); ``summary``: the run's summary when there is one (the end of ``soakd run`` passes
     its own, ``soakd report`` the saved one) for what the database does not hold and the live
     leak verdicts. ``judged``: the summary's SLO block is this run's verdict, taken as it is."""
     data = run_report(state)
-    config: dict[str, Any] = (data.get("run") or {}).get("config") or {}
+    config = data.config
     for key in FROM_SUMMARY:
-        if summary is not None and key in summary and key not in data:
-            data[key] = summary[key]
+        saved = getattr(summary, key, msgspec.UNSET)
+        if saved is not msgspec.UNSET and getattr(data, key) is msgspec.UNSET:
+            setattr(data, key, saved)
 
     windows = state.windows
-    data["windows"] = rows_from_windows(windows)
+    data.windows = msgspec.convert(rows_from_windows(windows), list[WindowRow])
     hists: dict[str, HistSnapshot] = {}
     for _, _, _, hs in windows:
         for stage, h in hs.items():
@@ -82,35 +106,25 @@ def build_report(
 
     samples: dict[str, tuple[Array, Array]] = {}
     end = state.ended_at
-    for name in data.get("memory", {}):
+    for name in data.series:
         arr = np.asarray([r[:2] for r in state.samples.get(name, [])], dtype=np.float64).reshape(-1, 2)
         if end is not None:  # samplers outlive the load by a moment; that moment is not the run
             arr = arr[arr[:, 0] <= end]
         samples[name] = (arr[:, 0], arr[:, 1])
     # The live monitor's verdict (saved in the summary) outranks one judgement over the samples.
-    saved: dict[str, dict[str, Any]] = (summary or {}).get("memory") or {}
-    live = {
-        s: {
-            "state": m.get("leak_state"),
-            "suspected": m.get("leak_suspected"),
-            "slope_bytes_per_hour": m.get("slope_bytes_per_hour"),
-            "p_value": m.get("p_value"),
-            "detectable_slope_bytes_per_hour": m.get("detectable_slope_bytes_per_hour"),
-            "judged_seconds": m.get("judged_seconds"),
-            "exhaustion_eta_seconds": m.get("exhaustion_eta_seconds"),
-            "reason": str(m.get("verdict", "")).split(": ", 1)[-1],
-        }
-        for s, m in saved.items()
-        if m.get("verdict_source") == "leak monitor"
-    }
+    saved = summary.series if summary is not None else {}
+    live = {s: _live_verdict(m) for s, m in saved.items() if m.verdict_source == "leak monitor"}
     memory = memory_block(samples, _section(LeakConfig, config.get("leak")), live)
-    for name, info in memory.items():
-        data.setdefault("memory", {}).setdefault(name, {}).update(info)
+    series = dict(data.series)
+    for name, info in memory.items():  # the verdict's figures over the state's range
+        stored = msgspec.to_builtins(series[name]) if name in series else {}
+        series[name] = msgspec.convert({**stored, **msgspec.to_builtins(info)}, MemorySeries)
+    data.memory = series
 
-    data["run_duration_seconds"] = data.get("duration_seconds")
+    data.run_duration_seconds = data.duration_seconds
     if judged and summary is not None:
-        data["slo"] = summary["slo"]  # the verdict this run printed and exits with
+        data.slo = summary.slo  # the verdict this run printed and exits with
     else:
         slo_cfg = slo if slo is not None else _section(SloConfig, config.get("slo"))
-        data["slo"] = slo_block(slo_cfg, data)
-    return ReportDoc(data=data, samples=samples, hists=hists, t0=windows[0][0] if windows else None)
+        data.slo = slo_block(slo_cfg, data)
+    return ReportDoc(record=data, samples=samples, hists=hists, t0=windows[0][0] if windows else None)

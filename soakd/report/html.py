@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
+from soakd.record.types import BatchSize
 from soakd.report import plots, sections
 from soakd.report.document import ReportDoc
 
@@ -50,9 +51,8 @@ def figure(svg: str, caption: str) -> str:
 
 
 def _verdict(doc: ReportDoc) -> str:
-    data = doc.data
-    slo = data.get("slo") or {}
-    cls = "none" if not slo.get("checks") else ("pass" if slo.get("passed") else "fail")
+    data = doc.record
+    cls = sections.verdict_class(data)
     parts = [
         f'<section id="verdict" class="verdict {cls}"><h2 id="verdict-heading">{esc(sections.verdict_title(data))}</h2>'
     ]
@@ -76,8 +76,8 @@ def _verdict(doc: ReportDoc) -> str:
 
 
 def _load(doc: ReportDoc) -> str:
-    data = doc.data
-    rows = data.get("windows") or []
+    data = doc.record
+    rows = data.rows
     out = ["<h2>Throughput and latency over time</h2>"]
     if rows:
         out.append(figure(plots.throughput_plot(rows), "Throughput per window (ok requests/s)"))
@@ -104,10 +104,10 @@ def _load(doc: ReportDoc) -> str:
 
 
 def _batches(doc: ReportDoc) -> str:
-    data = doc.data
+    data = doc.record
     out = ["<h2>Batch sizes</h2>"]
-    buckets = (data.get("batch_size") or {}).get("buckets")
-    if buckets:
+    buckets = data.batch_size.buckets if isinstance(data.batch_size, BatchSize) else None
+    if isinstance(buckets, list) and buckets:
         out.append(figure(plots.batch_size_plot(buckets), "Batches per size"))
     rows = sections.batch_rows(data)
     out.append(table(["batch size", "value"], rows, numeric_from=1) if rows else "<p>No batch data stored.</p>")
@@ -118,7 +118,7 @@ def _batches(doc: ReportDoc) -> str:
 
 
 def _memory(doc: ReportDoc) -> str:
-    data = doc.data
+    data = doc.record
     out = ["<h2>Memory</h2>"]
     rows = sections.memory_rows(data)
     if not rows:
@@ -133,7 +133,8 @@ def _memory(doc: ReportDoc) -> str:
     t0 = doc.t0
     for name, (t, v) in doc.samples.items():
         if t.size:
-            verdict = (data.get("memory") or {}).get(name, {}).get("verdict", "")
+            found = data.series.get(name)
+            verdict = found.verdict if found is not None and isinstance(found.verdict, str) else ""
             out.append(
                 figure(plots.memory_plot(name, t, v, t0 if t0 is not None else float(t[0])), f"{name}: {verdict}")
             )
@@ -141,8 +142,8 @@ def _memory(doc: ReportDoc) -> str:
 
 
 def render_html(doc: ReportDoc) -> str:
-    data = doc.data
-    run_id = data.get("run_id") or (data.get("run") or {}).get("run_id", "")
+    data = doc.record
+    run_id = sections.run_id(data)
     body = [
         f"<h1>soakd report: run {esc(run_id)}</h1>",
         _verdict(doc),
@@ -153,10 +154,10 @@ def render_html(doc: ReportDoc) -> str:
         _memory(doc),
         "<h2>Events</h2>",
         table(["time", "segment", "kind", "detail"], sections.event_rows(data))
-        if data.get("events")
+        if data.events
         else "<p>No events recorded.</p>",
     ]
-    if data.get("segments"):
+    if data.segments:
         body += [
             "<h2>Segments</h2>",
             table(["id", "started", "ended", "seconds", "end", "requests"], sections.segment_rows(data)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from soakd.record.types import BatchSize, WindowRow
 from soakd.report import sections, units
 from soakd.report.document import ReportDoc
 
@@ -19,10 +20,20 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def window_series(w: WindowRow, key: str, stages: Sequence[str]) -> list[float | None]:
+    """One window's ``key`` (p50/p90/p99) per stage; None where it has none."""
+    figures = w.latency_ms if isinstance(w.latency_ms, dict) else {}
+    out: list[float | None] = []
+    for stage in stages:
+        f = figures.get(stage)
+        v = None if f is None else {"p50": f.p50, "p90": f.p90, "p99": f.p99}.get(key)
+        out.append(None if v is None else float(v))
+    return out
+
+
 def render_markdown(doc: ReportDoc) -> str:
-    data = doc.data
-    run_id = data.get("run_id") or (data.get("run") or {}).get("run_id", "")
-    out = [f"# soakd report: run {cell(str(run_id))}", "", f"## {sections.verdict_title(data)}", ""]
+    data = doc.record
+    out = [f"# soakd report: run {cell(sections.run_id(data))}", "", f"## {sections.verdict_title(data)}", ""]
     slo = sections.slo_rows(data)
     if slo:
         out += [table(["result", "check", "observed", "limit"], slo), ""]
@@ -41,17 +52,16 @@ def render_markdown(doc: ReportDoc) -> str:
     if llm:
         out += ["## Per-token latency (ms)", "", table(["timing", *sections.QUANTILE_COLUMNS], llm), ""]
         out += [cell(sections.llm_line(data) or ""), ""]
-    windows = data.get("windows") or []
-    if windows:
+    if data.rows:
         stages = sections.stages(data)
         rows = [
             [
-                units.seconds(w["t"]),
-                units.rps(w["throughput_rps"]),
-                str(w["errors"]),
-                *(units.ms(w["latency_ms"].get(s, {}).get("p99")) for s in stages),
+                units.seconds(w.t),
+                units.rps(w.throughput_rps),
+                str(w.errors),
+                *(units.ms(p99) for p99 in window_series(w, "p99", stages)),
             ]
-            for w in windows
+            for w in data.rows
         ]
         out += [
             "## Throughput and p99 per window",
@@ -59,10 +69,10 @@ def render_markdown(doc: ReportDoc) -> str:
             table(["t (s)", "req/s", "errors", *(f"p99 {s} ms" for s in stages)], rows),
             "",
         ]
-    buckets = (data.get("batch_size") or {}).get("buckets")
+    buckets = data.batch_size.buckets if isinstance(data.batch_size, BatchSize) else None
     out += ["## Batch sizes", ""]
-    if buckets:
-        rows = [[f"<= {b['le']:g}", str(b["count"])] for b in buckets]
+    if isinstance(buckets, list) and buckets:
+        rows = [[f"<= {b.le:g}", str(b.count)] for b in buckets]
         out += [table(["requests per batch", "batches"], rows), ""]
     batch = sections.batch_rows(data)
     out += [table(["batch size", "value"], batch) if batch else "No batch data stored.", ""]
@@ -78,7 +88,7 @@ def render_markdown(doc: ReportDoc) -> str:
         table(["time", "segment", "kind", "detail"], events) if events else "No events recorded.",
         "",
     ]
-    if data.get("segments"):
+    if data.segments:
         out += [
             "## Segments",
             "",

@@ -26,16 +26,16 @@ Each side's interval is taken at the confidence; the difference interval runs fr
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from scipy.stats import binom, norm
 
+from soakd.record.types import Percentiles
 from soakd.telemetry.histogram import BUCKET_GROWTH
 
-# Summary keys of the latency percentiles and their quantiles (soakd/summary.py QUANTILES).
+# Summary keys of the latency percentiles and their quantiles (soakd/record/write.py QUANTILES).
 QUANTILE_KEYS = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}
 _HALF_BUCKET = math.sqrt(BUCKET_GROWTH)
 
@@ -75,7 +75,7 @@ def _tail(rank: float | npt.NDArray[np.float64], n: int) -> Any:
 
 
 def quantile_interval(
-    stage: Mapping[str, Any], key: str, confidence: float, per_sample: float = 1.0
+    stage: Percentiles, key: str, confidence: float, per_sample: float = 1.0
 ) -> tuple[float, float] | None:
     """Where the population percentile ``key`` (``p99``) lies, in the stage's unit (ms), from
     one stage of a summary's ``latency_ms``; None without a count or that percentile. The
@@ -86,19 +86,19 @@ def quantile_interval(
     queue wait and their inference call, so a run of n requests in batches of 4 holds about
     n/4 independent latencies, not n (the mean batch size is the design effect; compare also
     counts requests in flight together, which share the server's stalls)."""
-    count = stage.get("count")
-    q = QUANTILE_KEYS.get(key)
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1 or q is None or stage.get(key) is None:
+    count, q = stage.count, QUANTILE_KEYS.get(key)
+    figures = {"p50": stage.p50, "p90": stage.p90, "p99": stage.p99, "p999": stage.p999}
+    if not isinstance(count, int) or count < 1 or q is None or figures.get(key) is None:
         return None
     n = max(1, round(count / max(1.0, per_sample)))
     known = {
-        max(1, math.ceil(qq * n)): float(stage[k])
+        max(1, math.ceil(qq * n)): float(v)
         for k, qq in QUANTILE_KEYS.items()
-        if stage.get(k) is not None and stage[k] > 0
+        if (v := figures[k]) is not None and v > 0
     }
-    has_max = stage.get("max") is not None and stage["max"] > 0
-    if has_max:
-        known[n] = float(stage["max"])  # exact, and the value at rank n
+    has_max = stage.max is not None and stage.max > 0
+    if stage.max is not None and has_max:
+        known[n] = float(stage.max)  # exact, and the value at rank n
     if not known:
         return None
     tail = (1 - confidence) / 2

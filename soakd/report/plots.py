@@ -22,10 +22,11 @@ import numpy as np
 import numpy.typing as npt
 from matplotlib.figure import Figure
 
+from soakd.record.types import BatchBucket, WindowRow
 from soakd.report import units
-from soakd.report.memory import trend_line
-from soakd.report.windows import series
+from soakd.report.window_rows import series
 from soakd.telemetry.histogram import HistSnapshot
+from soakd.verdicts.memory import trend_line
 
 MAX_POINTS = 2000  # per plotted line; beyond this a plot is slower to draw and no clearer
 STYLE: Any = {  # Any: matplotlib types rc keys as a Literal union
@@ -91,11 +92,11 @@ def _thin(x: npt.NDArray[np.float64], *ys: npt.NDArray[np.float64]) -> tuple[npt
     return (x[idx], *(y[idx] for y in ys))
 
 
-def _minutes(rows: Sequence[dict[str, Any]]) -> npt.NDArray[np.float64]:
-    return np.asarray([r["t"] / 60.0 for r in rows], dtype=np.float64)
+def _minutes(rows: Sequence[WindowRow]) -> npt.NDArray[np.float64]:
+    return np.asarray([(r.t or 0.0) / 60.0 for r in rows], dtype=np.float64)
 
 
-def throughput_plot(rows: Sequence[dict[str, Any]]) -> str:
+def throughput_plot(rows: Sequence[WindowRow]) -> str:
     with plt.rc_context(STYLE):
         fig, ax = _figure(2.4)
         x = _minutes(rows)
@@ -109,7 +110,7 @@ def throughput_plot(rows: Sequence[dict[str, Any]]) -> str:
             color="#1f77b4",
             label="ok requests/s",
         )
-        errs = np.asarray([r["errors"] / r["seconds"] if r["seconds"] else 0.0 for r in rows])
+        errs = np.asarray([(r.errors or 0) / r.seconds if r.seconds else 0.0 for r in rows])
         if errs.any():
             ax.plot(
                 x, errs, color="#d62728", lw=1.0, marker="x", ms=3, markevery=_markevery(len(rows)), label="errors/s"
@@ -121,7 +122,7 @@ def throughput_plot(rows: Sequence[dict[str, Any]]) -> str:
         return _svg(fig)
 
 
-def latency_over_time_plot(rows: Sequence[dict[str, Any]], stages: Sequence[str]) -> str:
+def latency_over_time_plot(rows: Sequence[WindowRow], stages: Sequence[str]) -> str:
     with plt.rc_context(STYLE):
         fig, ax = _figure(3.2)
         x = _minutes(rows)
@@ -163,12 +164,12 @@ def latency_distribution_plot(hists: dict[str, HistSnapshot]) -> str:
         return _svg(fig)
 
 
-def batch_size_plot(buckets: Sequence[dict[str, Any]]) -> str:
-    """Batches per size bucket (``{"le": upper bound, "count": batches}``)."""
+def batch_size_plot(buckets: Sequence[BatchBucket]) -> str:
+    """Batches per size bucket (``le``: its upper bound, ``count``: batches)."""
     with plt.rc_context(STYLE):
         fig, ax = _figure(2.4)
-        labels = [f"≤{b['le']:g}" for b in buckets]
-        ax.bar(range(len(buckets)), [b["count"] for b in buckets], color="#1f77b4")
+        labels = [f"≤{b.le:g}" for b in buckets]
+        ax.bar(range(len(buckets)), [b.count for b in buckets], color="#1f77b4")
         ax.set_xticks(range(len(buckets)), labels)
         ax.set_xlabel("requests per batch")
         ax.set_ylabel("batches")

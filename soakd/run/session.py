@@ -26,6 +26,7 @@ from soakd.endpoints import EndpointServer
 from soakd.errors import Exit, RunFailed
 from soakd.load.engine import Engine, EngineStats
 from soakd.load.phases import PhaseScheduler
+from soakd.record.write import write_record
 from soakd.run import steps
 from soakd.run.health import Health
 from soakd.run.lifecycle import Lifecycle
@@ -35,7 +36,6 @@ from soakd.run.stop import StopFlag
 from soakd.run.summary import build_summary, print_summary, status_line
 from soakd.run.verdict import conclude
 from soakd.run.windows import Delta, StoreWindow, WindowRecorder, window_length
-from soakd.summary import write_json_atomic
 from soakd.targets.base import AnyTarget
 from soakd.targets.local import LocalModelTarget
 from soakd.telemetry.catalogue import Metrics
@@ -241,7 +241,7 @@ class RunSession:
             target=prep.target_summary() if prep.target_summary is not None else None,
         )
         if cfg.output.summary_json:
-            write_json_atomic(cfg.output.summary_json, summary)
+            write_record(cfg.output.summary_json, summary)
             log.info("summary written to %s", cfg.output.summary_json)
         print_summary(summary, self.out)
         # SLO lines, <state-dir>/<run-id>/report.html; 1 when an SLO is missed.

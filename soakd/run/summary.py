@@ -6,13 +6,15 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, TextIO
 
+import msgspec
 import numpy as np
 
 from soakd.config import Config
-from soakd.report.memory import memory_block
-from soakd.report.slo import slo_block
+from soakd.record.types import BatchSize, Percentiles, RunRecord
+from soakd.record.write import LLM_TIMINGS, stage_summary
 from soakd.run.windows import Delta
-from soakd.summary import LLM_TIMINGS, stage_summary
+from soakd.verdicts.memory import memory_block
+from soakd.verdicts.slo import slo_block
 
 if TYPE_CHECKING:
     from soakd.analysis.monitor import Verdict
@@ -101,7 +103,8 @@ def build_summary(
     elapsed_before: float = 0.0,
     offline: dict[str, Any] | None = None,
     target: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> RunRecord:
+    """The run's record; its keys in the order the summary has always written them."""
     completed = stats.completed
     summary: dict[str, Any] = {
         "throughput_rps": round(completed.get("ok", 0) / stats.elapsed, 3),
@@ -125,28 +128,27 @@ def build_summary(
     if cfg.target.url is not None and cfg.target.api == "openai":
         summary["llm"] = llm_block(metrics, stats.elapsed)
     summary["windows"] = windows
-    samples = {name: series.read(name) for name in series.names()} if series is not None else {}
-    summary["memory"] = memory_block(
-        {k: v for k, v in samples.items() if np.size(v[0])}, cfg.leak, live_verdicts(verdicts)
-    )
     # A resumed run: earlier segments count toward the minimum duration.
     summary["run_duration_seconds"] = round(elapsed_before + stats.elapsed, 3)
     if target is not None:  # a served model: where it was, how it answered, how long it was down
         summary["target"] = target
-    summary["slo"] = slo_block(cfg.slo, summary)
-    return summary
+    record = msgspec.convert(summary, RunRecord)
+    samples = {name: series.read(name) for name in series.names()} if series is not None else {}
+    record.memory = memory_block({k: v for k, v in samples.items() if np.size(v[0])}, cfg.leak, live_verdicts(verdicts))
+    record.slo = slo_block(cfg.slo, record)
+    return record
 
 
-def print_summary(summary: dict[str, Any], out: TextIO) -> None:
-    req = summary["requests"]
+def print_summary(summary: RunRecord, out: TextIO) -> None:
     print(
-        f"\nsoakd summary: {summary['throughput_rps']:.1f} req/s over {summary['duration_seconds']:.1f}s, "
-        f"requests {', '.join(f'{k}={v}' for k, v in req.items() if v)}",
+        f"\nsoakd summary: {summary.throughput_rps or 0.0:.1f} req/s over {summary.duration_seconds or 0.0:.1f}s, "
+        f"requests {', '.join(f'{k}={v}' for k, v in summary.requests.items() if v)}",
         file=out,
     )
-    if "offered_rps" in summary:
-        print(f"  offered {summary['offered_rps']:.1f} req/s, achieved {summary['throughput_rps']:.1f} req/s", file=out)
-    off = summary.get("model_offline")
+    if isinstance(summary.offered_rps, int | float):
+        achieved = summary.throughput_rps or 0.0
+        print(f"  offered {summary.offered_rps:.1f} req/s, achieved {achieved:.1f} req/s", file=out)
+    off = summary.model_offline
     if off and off.get("rps"):
         line = f"  model alone at batch {off['batch_size']}: {off['rps']:.1f} req/s"
         line += f" (achieved/offline {off['achieved_ratio']:.2f})"
@@ -154,35 +156,39 @@ def print_summary(summary: dict[str, Any], out: TextIO) -> None:
             line += f"; soakd's own per-batch work {100 * off['harness_overhead_ratio']:.1f}% of the model's time"
         print(line, file=out)
     print(f"  {'stage':<12}{'p50':>10}{'p90':>10}{'p99':>10}{'p99.9':>10}{'max':>10}  (ms)", file=out)
-    for stage, s in summary["latency_ms"].items():
-        cells = "".join(
-            f"{(s[k] if s[k] is not None else float('nan')):10.2f}" for k in ("p50", "p90", "p99", "p999", "max")
-        )
+    for stage, s in summary.latency_ms.items():
+        cells = "".join(f"{_nan(v):10.2f}" for v in (s.p50, s.p90, s.p99, s.p999, s.max))
         print(f"  {stage:<12}{cells}", file=out)
-    if "schedule_lag_ms" in summary:
-        lag = summary["schedule_lag_ms"]
-        print(f"  schedule lag p50 {lag['p50']} ms, p99 {lag['p99']} ms, max {lag['max']} ms", file=out)
-    b = summary["batch_size"]
-    if b["batches"]:  # a served model batches on the server: soakd formed none
-        print(f"  batch size mean {b['mean']:.2f}, max {b['max']:.0f} over {b['batches']} batches", file=out)
-    llm = summary.get("llm")
-    if llm:
-
-        def ms(v: float | None) -> str:
-            return "-" if v is None else f"{v:.2f}"
-
+    lag = summary.schedule_lag_ms
+    if not isinstance(lag, msgspec.UnsetType):
+        print(f"  schedule lag p50 {lag.p50} ms, p99 {lag.p99} ms, max {lag.max} ms", file=out)
+    b = summary.batch_size
+    if isinstance(b, BatchSize) and b.batches:  # a served model batches on the server: soakd formed none
+        print(f"  batch size mean {_nan(b.mean):.2f}, max {_nan(b.max):.0f} over {b.batches} batches", file=out)
+    llm = summary.llm_block
+    if llm is not None:
         cells = ", ".join(
-            f"{name} p50 {ms(llm[key]['p50'])} ms p99 {ms(llm[key]['p99'])} ms" for name, key in LLM_TIMINGS
+            f"{name} p50 {_ms(timing, 'p50')} ms p99 {_ms(timing, 'p99')} ms"
+            for name, timing in zip((n for n, _ in LLM_TIMINGS), (llm.ttft_ms, llm.itl_ms, llm.tpot_ms), strict=True)
         )
         print(
-            f"  {cells}; tokens in {llm['input_tokens']}, out {llm['output_tokens']} "
-            f"({llm['output_tokens_per_second']:.1f}/s); goodput {llm['goodput_rps']:.2f} req/s",
+            f"  {cells}; tokens in {llm.input_tokens}, out {llm.output_tokens} "
+            f"({_nan(llm.output_tokens_per_second):.1f}/s); goodput {_nan(llm.goodput_rps):.2f} req/s",
             file=out,
         )
-    tg = summary.get("target")
-    if tg:
+    tg = summary.target_block
+    if tg is not None:
         print(
-            f"  target {tg['url']}: down {tg['down_seconds']:.1f}s in {tg['outages']} outage(s); responses "
-            + ", ".join(f"{k}={v}" for k, v in tg["responses"].items() if v),
+            f"  target {tg.url}: down {_nan(tg.down_seconds):.1f}s in {tg.outages} outage(s); responses "
+            + ", ".join(f"{k}={v}" for k, v in tg.responses.items() if v),
             file=out,
         )
+
+
+def _nan(v: float | None) -> float:
+    return float("nan") if v is None else float(v)
+
+
+def _ms(timing: Percentiles | None, q: str) -> str:
+    v = None if timing is None else (timing.p50 if q == "p50" else timing.p99)
+    return "-" if v is None else f"{v:.2f}"

@@ -1,6 +1,6 @@
 """The one window tracker: differences of the engine's cumulative stats, read at every status
 tick, feed the status line (each tick), the summary's rows (every ``stride`` ticks, bounded by
-:class:`soakd.report.windows.WindowTable`) and the state store's rows (rolled every
+:class:`soakd.report.window_rows.WindowTable`) and the state store's rows (rolled every
 ``state.window``, read by the store's writer thread)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from soakd.report.windows import MAX_ROWS, WindowTable
+from soakd.report.window_rows import MAX_ROWS, WindowTable
 from soakd.state import WindowRow
 from soakd.telemetry.histogram import HistSnapshot
 

@@ -10,12 +10,12 @@ import sys
 from typing import Any, TextIO
 
 from soakd.config import Config, ConfigError
+from soakd.record.write import write_json_atomic
 from soakd.run import steps as shared
 from soakd.run.stop import StopFlag
 from soakd.run.sweep.planner import SweepPlan, plan
 from soakd.run.sweep.results import find_knee, judge_errors, print_table, recommend, step_figures
 from soakd.run.sweep.step import SweepTarget, run_step
-from soakd.summary import write_json_atomic
 from soakd.telemetry.catalogue import Metrics
 
 log = logging.getLogger("soakd.sweep")

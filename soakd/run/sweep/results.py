@@ -8,9 +8,9 @@ import math
 from typing import Any, TextIO
 
 from soakd.config import SloConfig
-from soakd.report.slo import error_bound, error_ratio
 from soakd.run.sweep.step import Mark, StepResult
 from soakd.telemetry.histogram import HistSnapshot
+from soakd.verdicts.slo import error_bound, error_ratio
 
 BUSY = 0.85  # a stage busier than this share of the time is the bottleneck
 KNEE_MIN_P99_RISE = 0.2  # a sharp rise: p99 up at least 20% ...

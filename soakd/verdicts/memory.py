@@ -11,12 +11,14 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 from scipy.stats import theilslopes
 
 from soakd.analysis.detector import DetectorParams, floor_for, judge
 from soakd.config import LeakConfig
+from soakd.record.types import MemorySeries
 
 Array = npt.NDArray[np.float64]
 TREND_POINTS = 1000  # Theil-Sen is quadratic in points; an even subsample keeps it well under a second
@@ -37,7 +39,11 @@ def trend_line(t: Array, v: Array) -> tuple[float, float] | None:
 
 def series_summary(
     name: str, t: Array, v: Array, leak: LeakConfig, live: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
+) -> MemorySeries:
+    return msgspec.convert(_series_figures(name, t, v, leak, live), MemorySeries)
+
+
+def _series_figures(name: str, t: Array, v: Array, leak: LeakConfig, live: Mapping[str, Any] | None) -> dict[str, Any]:
     out: dict[str, Any] = {"samples": int(t.size)}
     if t.size == 0:
         return {**out, "leak_suspected": None, "verdict": "no data"}
@@ -84,7 +90,7 @@ def series_summary(
 
 def memory_block(
     samples: Mapping[str, tuple[Array, Array]], leak: LeakConfig, live: Mapping[str, Mapping[str, Any]] | None = None
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, MemorySeries]:
     """``{series: summary}`` for every series with samples (``t`` unix seconds, ``v`` bytes)."""
     live = live or {}
     return {

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from soakd.summary import LLM_TIMINGS
+from soakd.record.write import LLM_TIMINGS
 
 NUMBER_KEYS = ("throughput_rps", "offered_rps", "duration_seconds", "run_duration_seconds")
 LLM_NUMBERS = ("goodput_rps", "goodput_requests", "input_tokens", "output_tokens", "output_tokens_per_second")

@@ -1,4 +1,5 @@
-"""The run summary (``--summary-json``): the keys dashboards, reports and CI gates read."""
+"""The one writer of run records (summary, report, fleet JSON), the figures as the JSON holds them
+(ms, rounded), and atomic file writes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from soakd.telemetry.histogram import HistSnapshot
 
@@ -56,3 +59,23 @@ def write_text_private(path: str | os.PathLike[str], text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def to_json_object(record: msgspec.Struct) -> dict[str, Any]:
+    """The one writer's form of a record: plain JSON values in the keys' contract order, absent
+    (``UNSET``) keys left out. Python's json module writes it, so figures print as they always did;
+    anything else JSON has no type for (a ``TorchVersion`` in the fingerprint) is its ``str``, as
+    ``json.dump(default=str)`` always wrote it."""
+    out = msgspec.to_builtins(record, enc_hook=str)
+    assert isinstance(out, dict)
+    return out
+
+
+def dump_record(record: msgspec.Struct) -> str:
+    """A record as the text soakd writes (indented, no NaN: a NaN here is a bug, not a figure)."""
+    return json.dumps(to_json_object(record), indent=2, allow_nan=False, default=str) + "\n"
+
+
+def write_record(path: str | os.PathLike[str], record: msgspec.Struct) -> None:
+    """Write a record to ``path`` atomically (``--summary-json``, ``<run>/summary.json``)."""
+    write_json_atomic(path, to_json_object(record))

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from soakd.summary import seconds_to_ms
+from soakd.record.types import WindowRow
+from soakd.record.write import seconds_to_ms
 from soakd.telemetry.histogram import HistSnapshot
 
 MAX_ROWS = 720  # a day at 2-minute resolution; a few hundred kB of JSON at most
@@ -130,11 +131,15 @@ def rows_from_windows(
     return table.rows()
 
 
-def series(rows: list[dict[str, Any]], key: str, stage: str | None = None) -> list[float]:
+def series(rows: Sequence[WindowRow], key: str, stage: str | None = None) -> list[float]:
     """One figure per window (NaN where a window has none): ``throughput_rps``, or a stage's
     percentile (``key`` = p50/p90/p99, ``stage`` = e2e...)."""
     out: list[float] = []
     for r in rows:
-        v = r.get(key) if stage is None else r.get("latency_ms", {}).get(stage, {}).get(key)
+        if stage is None:
+            v = r.throughput_rps if key == "throughput_rps" else None
+        else:
+            figures = r.latency_ms.get(stage) if isinstance(r.latency_ms, dict) else None
+            v = None if figures is None else {"p50": figures.p50, "p90": figures.p90, "p99": figures.p99}.get(key)
         out.append(math.nan if v is None else float(v))
     return out

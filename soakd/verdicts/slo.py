@@ -13,11 +13,10 @@ a server refuses, soakd backs off, so an outage sends few requests to fail.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any, TextIO
+from dataclasses import dataclass
 
 from soakd.config import SloConfig
-from soakd.report.units import with_unit  # one format per unit, as in the reports
+from soakd.record.types import RunRecord, SloBlock, SloCheck
 
 
 @dataclass(frozen=True)
@@ -48,12 +47,12 @@ def error_ratio(requests: dict[str, int]) -> float | None:
     return None if total == 0 else (total - requests.get("ok", 0)) / total
 
 
-def down_ratio(summary: dict[str, Any]) -> float | None:
+def down_ratio(record: RunRecord) -> float | None:
     """Share of the run a served model was down (None in process, or with no duration)."""
-    target, duration = summary.get("target"), summary.get("duration_seconds")
-    if not isinstance(target, dict) or "down_seconds" not in target or not duration:
+    target, duration = record.target_block, record.duration_seconds
+    if target is None or target.down_seconds is None or not duration:
         return None
-    return min(1.0, float(target["down_seconds"]) / float(duration))
+    return min(1.0, float(target.down_seconds) / float(duration))
 
 
 def error_bound(slo: SloConfig) -> tuple[str, float] | None:
@@ -65,75 +64,50 @@ def error_bound(slo: SloConfig) -> tuple[str, float] | None:
     return "error ratio", slo.max_error_ratio
 
 
-def check_slos(slo: SloConfig, summary: dict[str, Any]) -> list[Check]:
+def check_slos(slo: SloConfig, record: RunRecord) -> list[Check]:
     checks: list[Check] = []
-    latency: dict[str, dict[str, Any]] = summary.get("latency_ms", {})
     limits = {"e2e": slo.p99_ms} if slo.p99_ms is not None else {}
     limits.update(slo.stage_p99_ms)  # a per-stage e2e limit is the more specific one
     for stage, limit in limits.items():
-        observed = latency.get(stage, {}).get("p99")
+        observed = record.p99(stage)
         checks.append(Check(f"p99 {stage}", limit, observed, "<=", "ms", _le(observed, limit)))
     bound = error_bound(slo)
     if bound is not None:
         name, limit = bound
-        ratio = error_ratio(summary.get("requests", {}))
+        ratio = error_ratio(record.requests)
         checks.append(Check(name, limit, ratio, "<=", "", _le(ratio, limit)))
-        down = down_ratio(summary)
+        down = down_ratio(record)
         if down is not None:  # a served model: while it was down, few requests went out to fail
             checks.append(Check(name.replace("error ratio", "target down"), limit, down, "<=", "", down <= limit))
     if slo.min_throughput_rps is not None:
-        rps = summary.get("throughput_rps")
+        rps = record.throughput_rps
         passed = rps is not None and rps >= slo.min_throughput_rps
         checks.append(Check("throughput", slo.min_throughput_rps, rps, ">=", "req/s", passed))
     if slo.min_duration is not None:
-        dur = summary.get("run_duration_seconds", summary.get("duration_seconds"))
+        dur = record.judged_duration
         checks.append(
             Check("duration", slo.min_duration, dur, ">=", "s", None if dur is None else dur >= slo.min_duration)
         )
-    memory: dict[str, dict[str, Any]] = summary.get("memory", {})
     for series in slo.no_leak:
-        suspected = memory.get(series, {}).get("leak_suspected")
-        observed = {True: "leak suspected", False: "no leak", None: "no verdict"}[suspected]
+        found = record.series.get(series)
+        suspected = None if found is None else found.leak
+        verdict = {True: "leak suspected", False: "no leak", None: "no verdict"}[suspected]
         checks.append(
-            Check(f"no leak {series}", None, observed, "no leak", "", None if suspected is None else not suspected)
+            Check(f"no leak {series}", None, verdict, "no leak", "", None if suspected is None else not suspected)
         )
     return checks
 
 
-def slo_block(slo: SloConfig, summary: dict[str, Any]) -> dict[str, Any]:
-    """The summary's ``slo`` key: overall result and every check."""
-    checks = check_slos(slo, summary)
-    return {
-        "passed": all(c.passed is not False for c in checks),
-        "failed": [c.name for c in checks if c.passed is False],
-        "checks": [{**asdict(c), "status": c.status} for c in checks],
-    }
-
-
-def format_observed(check: dict[str, Any]) -> str:
-    v = check.get("observed")
-    if v is None:
-        return "nothing measured" if check.get("status") == "FAIL" else "-"
-    if isinstance(v, float):
-        return with_unit(v, str(check.get("unit", "")))
-    return str(v)
-
-
-def format_limit(check: dict[str, Any]) -> str:
-    if check.get("limit") is None:
-        return str(check.get("op", ""))
-    return f"{check['op']} {check['limit']:g} {check.get('unit', '')}".strip()
-
-
-def print_verdict(block: dict[str, Any], out: TextIO) -> None:
-    """``SLO pass/FAIL`` lines for the end of a run."""
-    checks = block.get("checks", [])
-    if not checks:
-        print("SLO: none configured ([slo] in --config)", file=out)
-        return
-    for c in checks:
-        print(
-            f"SLO {c['status']:<4} {c['name']:<28} observed {format_observed(c):<18} limit {format_limit(c)}", file=out
-        )
-    verdict = "met" if block["passed"] else f"MISSED ({', '.join(block['failed'])})"
-    print(f"SLO verdict: {verdict}", file=out)
+def slo_block(slo: SloConfig, record: RunRecord) -> SloBlock:
+    """The record's ``slo`` key: overall result and every check."""
+    checks = check_slos(slo, record)
+    return SloBlock(
+        passed=all(c.passed is not False for c in checks),
+        failed=[c.name for c in checks if c.passed is False],
+        checks=[
+            SloCheck(
+                name=c.name, limit=c.limit, observed=c.observed, op=c.op, unit=c.unit, passed=c.passed, status=c.status
+            )
+            for c in checks
+        ],
+    )

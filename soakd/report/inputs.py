@@ -3,22 +3,23 @@ and the summary the run saved beside it. The rest of report/ is pure."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 from soakd.config import SloConfig
+from soakd.record.read import read_record
+from soakd.record.types import RunRecord
+from soakd.record.validate import load_json
 from soakd.report.document import SUMMARY_NAME, ReportDoc, build_report, run_dir
 from soakd.state import RunState, StateReader
 
 
-def saved_summary(state_dir: str | Path, run_id: str) -> dict[str, Any] | None:
-    """``<state-dir>/<run-id>/summary.json`` if the run saved one that reads as an object."""
+def saved_summary(state_dir: str | Path, run_id: str) -> RunRecord | None:
+    """``<state-dir>/<run-id>/summary.json`` if the run saved one that reads as a run record (a
+    damaged one is ignored: the state database holds the figures)."""
     try:
-        data = json.loads((run_dir(state_dir, run_id) / SUMMARY_NAME).read_text())
+        return read_record(load_json(run_dir(state_dir, run_id) / SUMMARY_NAME))
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
 
 
 def load_state(state_dir: str | Path, run_id: str | None = None) -> RunState:
