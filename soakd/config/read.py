@@ -14,7 +14,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 
-from soakd.config.coerce import build
+from soakd.config.convert import build
 from soakd.config.schema import Config
 from soakd.config.validate import validate
 from soakd.errors import ConfigError
@@ -64,7 +64,7 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str,
         data.get("load", {}).pop("concurrency", None)
     for key, value in overrides.items():
         _set_path(data, key, value)
-    cfg: Config = build(Config, data, "")
+    cfg = build(data)
     settle(cfg)
     validate(cfg)
     return cfg
