@@ -44,4 +44,6 @@ def test_every_key_has_help_text() -> None:
     """Every config key, flag or not, declares what it means: the one place its help lives."""
     for section, keys in config_keys().items():
         for name, info in keys.items():
-            assert len(info.description.split()) >= 3, f"{section}.{name}"
+            assert len(info.description.split()) >= 3, (
+                f'{section}.{name}: declare it as `{name}: Annotated[TYPE, doc("what it does", unit=...)] = DEFAULT`'
+            )
