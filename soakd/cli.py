@@ -99,8 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze = sub.add_parser("analyze", help="judge recorded memory traces (CSV: timestamp_seconds,bytes)")
     analyze.add_argument("--json", action="store_true", help="one JSON object per file per line")
     analyze.add_argument("--config", metavar="FILE", help="leak settings from a config file")
-    analyze.add_argument("--leak-warmup", dest="leak.warmup", metavar="DUR")
-    analyze.add_argument("--leak-window", dest="leak.window", metavar="DUR")
+    analyze.add_argument("--leak-warmup", dest="leak.warmup", metavar="DUR", help=_flag_help("leak.warmup"))
+    analyze.add_argument("--leak-window", dest="leak.window", metavar="DUR", help=_flag_help("leak.window"))
     analyze.add_argument("files", metavar="FILE", nargs="+")
 
     # ---- report / compare (issue: reports and gates)
