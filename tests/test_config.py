@@ -58,6 +58,7 @@ def test_flags_override_file(tmp_path: Path) -> None:
         ("[metrics]\naddr = 'localhost'\n", {}, "metrics.addr: expected HOST:PORT"),
         ("[input]\nshapes = '3by224'\n", {}, "input.shapes: cannot parse"),
         ("load = 3\n", {}, "load: expected a table"),
+        ("load = 3\n", {"load.rate": "5"}, "load: expected a table, got 3"),  # a flag into a non-table
         ("[load\n", {}, "not valid TOML"),
         ("", {"load.concurrency": "0"}, "load.concurrency: must be >= 1"),
         ("", {"load.duration": "1x"}, "load.duration: cannot parse duration '1x'"),
