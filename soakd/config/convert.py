@@ -115,7 +115,8 @@ def _explain(message: str, data: dict[str, Any]) -> str:
     if expected:
         return f"{where}: expected {_TYPE_WORDS.get(expected[1].strip(), expected[1])}, got {value!r}"
     if key is not None and key.choices and what.startswith("Invalid enum value"):
-        words = [*key.choices, *(["a number"] if key.meta is not None and key.meta.ge is not None else [])]
+        numeric = key.meta is not None and (key.meta.ge, key.meta.gt, key.meta.le, key.meta.lt) != (None,) * 4
+        words = [*key.choices, *(["a number"] if numeric else [])]  # slo.max_error_ratio: 0.01 or "none"
         listed = ", ".join(words[:-1]) + f" or {words[-1]}" if len(words) > 1 else words[0]
         return f"{where}: expected {listed}, got {value!r}"
     if isinstance(value, (int, float, str)) and not isinstance(value, bool) and _not_finite(value):

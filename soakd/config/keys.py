@@ -150,6 +150,8 @@ def show_value(value: Any, key: KeyInfo) -> str:
     """A value as a user writes it: durations with their unit, none for unset."""
     if value is None or value == "" or value == [] or value == {}:
         return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"  # as TOML and the flags write it
     if key.duration is not None and isinstance(value, (int, float)):
         return format_seconds(value)
     if isinstance(value, float):
