@@ -6,7 +6,6 @@ Exit codes: the table in :mod:`soakd.errors`.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import difflib
 import errno
 import gc
@@ -18,68 +17,52 @@ from collections.abc import Sequence
 from typing import Any
 
 import soakd
-from soakd.config import Config, load_config
+from soakd.config import config_keys, flag_help, load_config
 from soakd.errors import ConfigError, Exit, RunFailed, SoakdError
 
-# `soakd run` flag -> (config key path, argparse options, what it does and its unit). Flags
-# override the config file; `--help` adds each key's default, read from the config's own
-# dataclasses (one place for defaults), and docs/running.md says more.
-RUN_FLAGS: dict[str, tuple[str, dict[str, Any], str]] = {
-    "--model": ("model.spec", {"metavar": "SPEC"}, "model: builtin:NAME, torchscript:PATH, export:PATH, python:MOD:FN"),
-    "--device": ("model.device", {"metavar": "auto|cpu|cuda[:N]"}, "where the model runs (auto: CUDA if present)"),
-    "--warmup": ("model.warmup", {"metavar": "N"}, "calls before measuring, kept out of every figure"),
-    "--concurrency": ("load.concurrency", {"metavar": "N"}, "closed loop: requests in flight (8 with no --rate)"),
-    "--rate": ("load.rate", {"metavar": "RPS"}, "open loop: arrivals per second, latency from the intended send"),
-    "--arrival": ("load.arrival", {"metavar": "constant|poisson|gamma"}, "open loop's arrival process"),
-    "--burstiness": ("load.burstiness", {"metavar": "K"}, "gamma arrivals: squared coefficient of variation"),
-    "--duration": ("load.duration", {"metavar": "DUR"}, "how long to soak, e.g. 90s, 24h (none: until stopped)"),
-    "--max-batch-size": ("batcher.max_batch_size", {"metavar": "N"}, "dynamic batcher: requests per batch at most"),
-    "--max-queue-delay-ms": (
-        "batcher.max_queue_delay_ms",
-        {"metavar": "MS"},
-        "dynamic batcher: wait for a fuller batch, ms",
-    ),
-    "--input-shapes": (
-        "input.shapes",
-        {"metavar": "SPEC"},
-        "tensor shapes (3x224x224=0.7,...) or seq:... token lengths",
-    ),
-    "--samples": ("input.samples", {"metavar": "DIR"}, "request files (images, JSON, text) instead of made tensors"),
-    "--metrics-addr": ("metrics.addr", {"metavar": "HOST:PORT"}, "where /metrics, /healthz and /status listen"),
-    "--summary-json": ("output.summary_json", {"metavar": "PATH"}, "write the summary JSON here at the end"),
-    "--state-dir": (
-        "state.dir",
-        {"metavar": "DIR"},
-        "SQLite state and reports (none: $STATE_DIRECTORY or ./soakd-state)",
-    ),
-    "--run-id": ("state.run_id", {"metavar": "ID"}, "name of the run (none: a timestamp and random suffix)"),
-    "--log-file": ("output.log_file", {"metavar": "PATH"}, "also log here; SIGHUP reopens it"),
-    "--memory-interval": ("memory.interval", {"metavar": "DUR"}, "how often memory is sampled"),
-    "--leak-warmup": ("leak.warmup", {"metavar": "DUR"}, "memory growth this early is not judged"),
-    "--leak-window": ("leak.window", {"metavar": "DUR"}, "longest span of memory a leak verdict looks at"),
-    "--preprocess-workers": ("input.preprocess_workers", {"metavar": "N"}, "threads decoding --samples"),
-    "--postprocess": ("input.postprocess", {"metavar": "auto|none|classify|detect"}, "what the postprocess stage does"),
-    "--pad": ("input.pad", {"metavar": "true|false"}, "token sequences: one batch, padded to the longest"),
+# `soakd run` flag -> (config key path, argparse options). Flags override the config file;
+# each flag's --help (what it does, its unit and its default) is the key's own declaration in
+# soakd/config/schema.py (config/keys.py:flag_help), and docs/running.md says more.
+RUN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "--model": ("model.spec", {"metavar": "SPEC"}),
+    "--device": ("model.device", {"metavar": "auto|cpu|cuda[:N]"}),
+    "--warmup": ("model.warmup", {"metavar": "N"}),
+    "--concurrency": ("load.concurrency", {"metavar": "N"}),
+    "--rate": ("load.rate", {"metavar": "RPS"}),
+    "--arrival": ("load.arrival", {"metavar": "constant|poisson|gamma"}),
+    "--burstiness": ("load.burstiness", {"metavar": "K"}),
+    "--duration": ("load.duration", {"metavar": "DUR"}),
+    "--max-batch-size": ("batcher.max_batch_size", {"metavar": "N"}),
+    "--max-queue-delay-ms": ("batcher.max_queue_delay_ms", {"metavar": "MS"}),
+    "--input-shapes": ("input.shapes", {"metavar": "SPEC"}),
+    "--samples": ("input.samples", {"metavar": "DIR"}),
+    "--metrics-addr": ("metrics.addr", {"metavar": "HOST:PORT"}),
+    "--summary-json": ("output.summary_json", {"metavar": "PATH"}),
+    "--state-dir": ("state.dir", {"metavar": "DIR"}),
+    "--run-id": ("state.run_id", {"metavar": "ID"}),
+    "--log-file": ("output.log_file", {"metavar": "PATH"}),
+    "--memory-interval": ("memory.interval", {"metavar": "DUR"}),
+    "--leak-warmup": ("leak.warmup", {"metavar": "DUR"}),
+    "--leak-window": ("leak.window", {"metavar": "DUR"}),
+    "--preprocess-workers": ("input.preprocess_workers", {"metavar": "N"}),
+    "--postprocess": ("input.postprocess", {"metavar": "auto|none|classify|detect"}),
+    "--pad": ("input.pad", {"metavar": "true|false"}),
     # A served model instead of --model (docs/network-targets.md).
-    "--target": ("target.url", {"metavar": "URL"}, "a served model's URL, instead of --model"),
-    "--api": ("target.api", {"metavar": "http|openai|kserve-v2"}, "the served model's protocol"),
-    "--target-model": ("target.model", {"metavar": "NAME"}, "the served model's name (openai: first of /models)"),
-    "--watch-pid": ("target.watch_pid", {"metavar": "PID", "action": "append"}, "sample this server process's memory"),
-    "--watch-unit": ("target.watch_unit", {"metavar": "UNIT", "action": "append"}, "sample this systemd unit's memory"),
-    "--scrape": ("target.scrape", {"metavar": "URL", "action": "append"}, "the server's own Prometheus endpoint"),
-    "--output-tokens": ("target.output_tokens", {"metavar": "N|LENGTH-SPEC"}, "openai: max_tokens per request"),
-    "--tokenizer": ("target.tokenizer", {"metavar": "PATH"}, "openai: a local tokenizer for exact prompt lengths"),
+    "--target": ("target.url", {"metavar": "URL"}),
+    "--api": ("target.api", {"metavar": "http|openai|kserve-v2"}),
+    "--target-model": ("target.model", {"metavar": "NAME"}),
+    "--watch-pid": ("target.watch_pid", {"metavar": "PID", "action": "append"}),
+    "--watch-unit": ("target.watch_unit", {"metavar": "UNIT", "action": "append"}),
+    "--scrape": ("target.scrape", {"metavar": "URL", "action": "append"}),
+    "--output-tokens": ("target.output_tokens", {"metavar": "N|LENGTH-SPEC"}),
+    "--tokenizer": ("target.tokenizer", {"metavar": "PATH"}),
 }
 
 
-def _flag_help(key: str, what: str) -> str:
-    """What the flag does, the key it overrides and that key's default."""
+def _flag_help(key: str) -> str:
+    """What the flag does, its unit, the key it overrides and that key's default."""
     section, name = key.split(".")
-    part = getattr(Config(), section)
-    default = getattr(part, name)
-    duration = next(f for f in dataclasses.fields(part) if f.name == name).metadata.get("duration")
-    shown = "none" if default in (None, "", []) else f"{default:g}s" if duration else default
-    return f"{what} (overrides {key}; default: {shown})"
+    return flag_help(config_keys()[section][name])
 
 
 class _Parser(argparse.ArgumentParser):
@@ -96,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="soak a model (the default: builtin convnet, until stopped)")
     run.add_argument("--config", metavar="FILE", help="TOML config; flags override it")
-    for flag, (key, kw, what) in RUN_FLAGS.items():
-        run.add_argument(flag, dest=key, default=None, help=_flag_help(key, what), **kw)
+    for flag, (key, kw) in RUN_FLAGS.items():
+        run.add_argument(flag, dest=key, default=None, help=_flag_help(key), **kw)
 
     check = sub.add_parser(
         "check-config", help="validate a config file without running (the same answer on every machine)"
@@ -116,8 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze = sub.add_parser("analyze", help="judge recorded memory traces (CSV: timestamp_seconds,bytes)")
     analyze.add_argument("--json", action="store_true", help="one JSON object per file per line")
     analyze.add_argument("--config", metavar="FILE", help="leak settings from a config file")
-    analyze.add_argument("--leak-warmup", dest="leak.warmup", metavar="DUR")
-    analyze.add_argument("--leak-window", dest="leak.window", metavar="DUR")
+    analyze.add_argument("--leak-warmup", dest="leak.warmup", metavar="DUR", help=_flag_help("leak.warmup"))
+    analyze.add_argument("--leak-window", dest="leak.window", metavar="DUR", help=_flag_help("leak.window"))
     analyze.add_argument("files", metavar="FILE", nargs="+")
 
     # ---- report / compare (issue: reports and gates)
@@ -147,9 +130,9 @@ def _add_sweep(sub: argparse._SubParsersAction[_Parser]) -> None:
     read by soakd/run/sweep/planner.py)."""
     sweep = sub.add_parser("sweep", help="step through load settings; find the knee and the best setting")
     sweep.add_argument("--config", metavar="FILE")
-    for flag, (key, kw, what) in RUN_FLAGS.items():
+    for flag, (key, kw) in RUN_FLAGS.items():
         if flag not in ("--concurrency", "--rate", "--max-batch-size", "--duration"):
-            sweep.add_argument(flag, dest=key, default=None, help=_flag_help(key, what), **kw)
+            sweep.add_argument(flag, dest=key, default=None, help=_flag_help(key), **kw)
     sweep.add_argument(
         "--concurrency",
         dest="sweep_concurrency",
@@ -193,7 +176,7 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _overrides(ns: argparse.Namespace) -> dict[str, Any]:
-    return {key: getattr(ns, key) for key, _, _ in RUN_FLAGS.values() if getattr(ns, key, None) is not None}
+    return {key: getattr(ns, key) for key, _ in RUN_FLAGS.values() if getattr(ns, key, None) is not None}
 
 
 COMMANDS = ("run", "sweep", "analyze", "report", "compare", "check-config")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
+import typing
 from pathlib import Path
 
 import pytest
 
-from soakd.config import ConfigError, load_config, parse_duration
+from soakd.config import Config, ConfigError, config_keys, load_config, parse_duration
 from tests.conftest import soakd_cmd
 
 
@@ -56,6 +58,7 @@ def test_flags_override_file(tmp_path: Path) -> None:
         ("[metrics]\naddr = 'localhost'\n", {}, "metrics.addr: expected HOST:PORT"),
         ("[input]\nshapes = '3by224'\n", {}, "input.shapes: cannot parse"),
         ("load = 3\n", {}, "load: expected a table"),
+        ("load = 3\n", {"load.rate": "5"}, "load: expected a table, got 3"),  # a flag into a non-table
         ("[load\n", {}, "not valid TOML"),
         ("", {"load.concurrency": "0"}, "load.concurrency: must be >= 1"),
         ("", {"load.duration": "1x"}, "load.duration: cannot parse duration '1x'"),
@@ -104,3 +107,85 @@ def test_run_with_bad_flag_exits_2() -> None:
     res = subprocess.run(soakd_cmd("run", "--model", "torchscript:missing.pt"), capture_output=True, text=True)
     assert res.returncode == 2
     assert "missing.pt: model file not found" in res.stderr
+
+
+def test_an_unknown_key_names_the_closest_known_one(tmp_path: Path) -> None:
+    """A misspelled key or section gets 'did you mean' and the list of known ones."""
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, "[load]\nconcurency = 2\n"))
+    assert "load.concurency: unknown key (did you mean concurrency?" in str(info.value)
+    assert "max_inflight" in str(info.value)
+    with pytest.raises(ConfigError, match=r"^lod: unknown section \(did you mean load\?"):
+        load_config(write(tmp_path, "[lod]\nconcurrency = 2\n"))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        # the broken bound, the key's unit and why the bound holds
+        ({"load.rate": "2e6"}, "load.rate: must be <= 1e+06 requests/s (one arrival per microsecond"),
+        ({"load.rate": "0"}, "load.rate: must be > 0 requests/s, got 0"),  # the why is the upper bound's
+        ({"memory.interval": "50ms"}, "memory.interval: must be >= 0.1s (one round of every memory collector"),
+        ({"leak.alpha": "0.5"}, "leak.alpha: must be < 0.5, got 0.5"),
+        ({"target.watch_pid": ["7", "0"]}, "target.watch_pid[1]: must be >= 1, got '0'"),
+        ({"target.watch_pid": ["x"]}, "target.watch_pid[0]: expected an integer, got 'x'"),
+        ({"model.dtype": "int8"}, "model.dtype: expected float32, float16 or bfloat16, got 'int8'"),
+        ({"slo.max_error_ratio": "never"}, "slo.max_error_ratio: expected none or a number, got 'never'"),
+        ({"slo.stage_p99_ms": {"e2e": "fast"}}, "slo.stage_p99_ms: expected a number, got 'fast'"),
+        ({"input.pad": "maybe"}, "input.pad: expected true or false, got 'maybe'"),
+        ({"load.rate": "inf"}, "load.rate: must be a finite number, got 'inf'"),
+        ({"slo.p99_ms": "nan"}, "slo.p99_ms: must be a finite number, got 'nan'"),
+        ({"leak.min_slope_bytes_per_hour": {"host_rss": float("inf")}}, "leak.min_slope_bytes_per_hour.host_rss: must"),
+        ({"model.warmup": str(2**64)}, f"model.warmup: {2**64} is outside the 64-bit integer range"),
+        ({"memory.interval": "0"}, "memory.interval: duration must be > 0, got '0'"),
+        ({"phases.ramp": "-1s"}, "phases.ramp: cannot parse duration '-1s'"),
+    ],
+)
+def test_errors_say_key_bound_unit_and_value(overrides: dict[str, object], message: str) -> None:
+    """msgspec's '... - at `$.load.rate`' reads as one line: the key path, what is wrong (with the
+    unit and the reason the bound holds) and the value as given."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_flags_and_toml_take_the_same_values(tmp_path: Path) -> None:
+    """A flag's text converts to the key's type (msgspec's lax mode); an integer is text where a
+    key takes both (output_tokens), and "none" switches the error gate off."""
+    cfg = load_config(None, {"input.pad": "true", "target.watch_pid": ["12"], "slo.max_error_ratio": "0.5"})
+    assert cfg.input.pad is True and cfg.target.watch_pid == [12] and cfg.slo.max_error_ratio == 0.5
+    p = write(tmp_path, "[target]\noutput_tokens = 128\n[slo]\nmax_error_ratio = 'none'\n")
+    cfg = load_config(p)
+    assert cfg.target.output_tokens == "128" and cfg.slo.max_error_ratio == "none"
+    assert load_config(None, {"model.options": {"depth": float("inf")}}).model.options == {"depth": float("inf")}
+
+
+def test_the_bounds_help_states_are_the_bounds_enforced() -> None:
+    """For every key with bounds: a value just past each one is refused, naming the key; the bound
+    itself (when inclusive) is accepted as far as that key goes."""
+    checked = 0
+    for section, keys in config_keys().items():
+        hints = typing.get_type_hints(type(getattr(Config(), section)))
+        for name, key in keys.items():
+            meta = key.meta
+            if meta is None or isinstance(key.default, (list, dict)):
+                continue
+            whole = re.search(r"\bint\b", str(hints[name])) is not None
+            for bound, inclusive, step in (
+                (meta.ge, True, -1),
+                (meta.gt, False, -1),
+                (meta.le, True, 1),
+                (meta.lt, False, 1),
+            ):
+                if bound is None:
+                    continue
+                past = bound + step * (1 if whole or bound == 0 else abs(bound) * 0.5)
+                with pytest.raises(ConfigError, match=rf"^{re.escape(key.path)}: .*must be"):
+                    load_config(None, {key.path: str(int(past) if whole else past)})
+                checked += 1
+                if inclusive:
+                    try:
+                        load_config(None, {key.path: str(int(bound) if whole else bound)})
+                    except ConfigError as exc:
+                        assert not str(exc).startswith(f"{key.path}: must be"), exc
+    assert checked >= 30

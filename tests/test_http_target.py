@@ -204,7 +204,7 @@ def test_server_that_stops_answering_is_a_timeout(bodies: Path, tmp_path: Path) 
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--api", "grpc"], "target.api: expected http, openai, kserve-v2, got 'grpc'"),
+        (["--api", "grpc"], "target.api: expected http, openai or kserve-v2, got 'grpc'"),
         (["--api", "kserve-v2"], "target.model: --api kserve-v2 needs the served model's name"),
         (["--api", "http", "--model", "builtin:noop"], "--model and --target: choose one"),
         (["--api", "http"], "input.samples"),  # no --samples at all

@@ -5,10 +5,13 @@ the key path (``load.concurrency``) or the file, and surfaces as :class:`ConfigE
 which the CLI turns into exit code 2. Every number has a bound that follows from the machine
 or the protocol (:mod:`soakd.config.bounds`), and the error names the key, the value and the bound.
 
-- :mod:`soakd.config.schema`: the sections as dataclasses: keys, types, defaults
+- :mod:`soakd.config.schema`: the sections as dataclasses; each key one declaration of its type,
+  default, meaning, unit and bounds
+- :mod:`soakd.config.keys`: how a key declares those (``doc``, ``SECONDS``) and ``--help`` from them
 - :mod:`soakd.config.read`: :func:`load_config`, a TOML file and overrides to a validated Config
-- :mod:`soakd.config.coerce`: TOML values and flag strings into the dataclasses' types
-- :mod:`soakd.config.validate`: range and cross-field checks, free of side effects and of the host
+- :mod:`soakd.config.convert`: TOML values and flag strings into the dataclasses (msgspec), errors
+  as ``key.path: what is wrong, got VALUE``
+- :mod:`soakd.config.validate`: cross-field and text checks, free of side effects and of the host
 - :mod:`soakd.config.parse`: durations, ``HOST:PORT``, run ids, ``--output-tokens``
 - :mod:`soakd.config.bounds`: the bounds and why each holds
 - :mod:`soakd.config.redact`: credential-like values replaced in every output
@@ -37,6 +40,8 @@ from soakd.config.bounds import (
     TOKEN_BYTES,
     format_bytes,
 )
+from soakd.config.convert import config_keys
+from soakd.config.keys import SECONDS, SECONDS_OR_OFF, KeyInfo, doc, flag_help
 from soakd.config.parse import (
     MAX_DURATION,
     MAX_RUN_ID,
@@ -49,6 +54,7 @@ from soakd.config.read import MAX_CONFIG_BYTES, load_config, read_toml, settle
 from soakd.config.redact import REDACTED, SECRET_PARTS, is_secret_key, redact_secrets
 from soakd.config.schema import (
     SCRAPE_METRICS,
+    TARGET_APIS,
     BatcherConfig,
     CompareConfig,
     Config,
@@ -66,7 +72,7 @@ from soakd.config.schema import (
     StateConfig,
     TargetConfig,
 )
-from soakd.config.validate import TARGET_APIS, validate
+from soakd.config.validate import validate
 from soakd.errors import ConfigError  # most callers meet it here, beside load_config
 
 __all__ = [
@@ -87,6 +93,8 @@ __all__ = [
     "RING_SAMPLE_BYTES",
     "RING_SERIES",
     "SCRAPE_METRICS",
+    "SECONDS",
+    "SECONDS_OR_OFF",
     "SECRET_PARTS",
     "TARGET_APIS",
     "TENSOR_OVERHEAD_BYTES",
@@ -97,6 +105,7 @@ __all__ = [
     "ConfigError",
     "DaemonConfig",
     "InputConfig",
+    "KeyInfo",
     "LeakConfig",
     "LoadConfig",
     "MemoryConfig",
@@ -109,6 +118,9 @@ __all__ = [
     "StateConfig",
     "TargetConfig",
     "check_run_id",
+    "config_keys",
+    "doc",
+    "flag_help",
     "format_bytes",
     "is_secret_key",
     "load_config",

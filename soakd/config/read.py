@@ -14,15 +14,23 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 
-from soakd.config.coerce import build
+from soakd.config.convert import build
 from soakd.config.schema import Config
 from soakd.config.validate import validate
 from soakd.errors import ConfigError
 
 
+def _table(data: dict[str, Any], section: str) -> dict[str, Any]:
+    """The file's ``[section]``, made when absent; a flag cannot go into ``load = 3``."""
+    table = data.setdefault(section, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{section}: expected a table, got {table!r}")
+    return table
+
+
 def _set_path(data: dict[str, Any], path: str, value: Any) -> None:
     section, key = path.split(".", 1)
-    data.setdefault(section, {})[key] = value
+    _table(data, section)[key] = value
 
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024  # a config is a page of keys; a larger file is the wrong file
@@ -59,12 +67,12 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str,
     overrides = overrides or {}
     # A load mode given on the command line replaces the other mode from the file.
     if "load.concurrency" in overrides and "load.rate" not in overrides:
-        data.get("load", {}).pop("rate", None)
+        _table(data, "load").pop("rate", None)
     if "load.rate" in overrides and "load.concurrency" not in overrides:
-        data.get("load", {}).pop("concurrency", None)
+        _table(data, "load").pop("concurrency", None)
     for key, value in overrides.items():
         _set_path(data, key, value)
-    cfg: Config = build(Config, data, "")
+    cfg = build(data)
     settle(cfg)
     validate(cfg)
     return cfg
