@@ -10,8 +10,8 @@
 # Python: $PYTHON if set; else .venv/bin/python or python3 where `import soakd` and its
 # dependencies work (the checkout is put first on PYTHONPATH); else python3 with the wheels of
 # .whl/ installed into /tmp/soakd-site (the device machine: CUDA torch, no network; if that still
-# fails the import check, it stops there naming the import); else scripts/bootstrap.sh creates
-# .venv (needs a package registry; pip gives up in seconds where none answers).
+# fails the import check, the failing import is named); else scripts/bootstrap.sh creates .venv
+# (needs a package registry; pip gives up in seconds where none answers).
 # bench/gpu_rehearse.sh runs this script on the CPU in a venv holding only the image's packages.
 #
 # Steps, each in its own process under its own timeout (typical seconds on one GPU in brackets,
@@ -57,11 +57,9 @@ if [ -z "$py" ] && [ -d .whl ] && command -v python3 >/dev/null 2>&1; then
   export PYTHONPATH="$PYTHONPATH:$site"
   if works python3; then
     py=python3
-  else
-    # The device path: no registry to bootstrap from, so say what is missing and stop.
+  else  # the device path: name what is missing before anything else is tried
     echo "gpu_check: python3 with the wheels of .whl/ still fails the import check: $why" >&2
     echo "gpu_check: carry the missing package as a wheel (bench/gpu_wheels.sh) or import it where it is used" >&2
-    exit 1
   fi
 fi
 if [ -z "$py" ] && [ -n "$rehearse" ]; then
@@ -70,8 +68,11 @@ if [ -z "$py" ] && [ -n "$rehearse" ]; then
 fi
 if [ -z "$py" ]; then
   echo "gpu_check: no Python here passes the import check ($why); creating .venv (needs a package registry)" >&2
-  # Fail in seconds, not pip's minutes of retries, where no registry answers.
-  PIP_RETRIES=0 PIP_DEFAULT_TIMEOUT=10 scripts/bootstrap.sh
+  # pip gives up in seconds, not after minutes of retries, where no registry answers (the device).
+  if ! PIP_RETRIES=0 PIP_DEFAULT_TIMEOUT=10 scripts/bootstrap.sh; then
+    echo "gpu_check: could not create .venv (no package registry?); the import check said: $why" >&2
+    exit 1
+  fi
   py=.venv/bin/python
 fi
 echo "gpu_check: python $("$py" -c 'import sys; print(sys.executable)')"

@@ -59,7 +59,7 @@ class FixtureRecorder(nn.Module):
             return
         try:
             snap = torch.cuda.memory_snapshot(include_traces=False)  # type: ignore[no-untyped-call,unused-ignore]
-        except TypeError:  # torch < 2.6
+        except TypeError:  # torch < 2.11 (include_traces arrived in 2.11)
             snap = torch.cuda.memory_snapshot()  # type: ignore[no-untyped-call,unused-ignore]
         gpu_record.write_json(self.out / gpu_record.SNAPSHOT, gpu_record.snapshot_segments(snap))
         import pynvml
