@@ -60,10 +60,11 @@ if [ -z "$py" ] && [ -d .whl ] && command -v python3 >/dev/null 2>&1; then
   else  # the device path: name what is missing before anything else is tried
     echo "gpu_check: python3 with the wheels of .whl/ still fails the import check: $why" >&2
     echo "gpu_check: carry the missing package as a wheel (bench/gpu_wheels.sh) or import it where it is used" >&2
+    why="see above"
   fi
 fi
 if [ -z "$py" ] && [ -n "$rehearse" ]; then
-  echo "gpu_check: the rehearsal's python3 fails the import check: $why" >&2
+  echo "gpu_check: the rehearsal stops here, nothing bootstrapped; the import check said: $why" >&2
   exit 1
 fi
 if [ -z "$py" ]; then

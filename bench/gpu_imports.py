@@ -40,10 +40,16 @@ MODULES: tuple[str, ...] = (
     "pytest",
 )
 
-# soakd dependencies that the device image lacks and bench/gpu_wheels.sh does not carry, as
-# import names: only the kserve-v2 target uses them, and it imports them when chosen.
-# tests/test_gpu_rehearse.py holds this list to pyproject.toml, the image list and the wheels.
-IMAGE_LACKS: dict[str, str] = {"tritonclient": "tritonclient", "python-rapidjson": "rapidjson"}
+# soakd dependencies that the device image lacks and bench/gpu_wheels.sh does not carry, with
+# their import names: the kserve-v2 target's client (imported when that target is chosen) and
+# the OpenTelemetry SDK (imported when OTLP is on). tests/test_gpu_rehearse.py holds this list to
+# pyproject.toml, the image list and the wheels.
+IMAGE_LACKS: dict[str, str] = {
+    "tritonclient": "tritonclient",
+    "python-rapidjson": "rapidjson",
+    "opentelemetry-sdk": "opentelemetry",
+    "opentelemetry-exporter-otlp-proto-http": "opentelemetry",
+}
 
 
 class _Absent(importlib.abc.MetaPathFinder):
