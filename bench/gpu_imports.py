@@ -4,7 +4,8 @@ first that fails, names it and the missing package on stderr and exits 1 (0 when
 
 ``--absent PKG,...`` makes those top-level packages unimportable first, so a richer venv (the
 developers', CI's) can stand in for the device image, which lacks them: a module-level import
-of one fails here exactly as it would there. ``--absent image`` names IMAGE_LACKS.
+of one fails here exactly as it would there. ``--absent image`` names IMAGE_LACKS; the
+environment's SOAKD_GPU_ABSENT is the default (so gpu_check.sh's own call can be tested).
 
 Standard library only: it must run before anything else is known to import.
 """
@@ -15,6 +16,7 @@ import argparse
 import importlib
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -86,7 +88,9 @@ def first_failure(modules: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gpu_imports", description=__doc__.split("\n\n")[0])
     ap.add_argument(
-        "--absent", default="", help="comma list of packages to treat as not installed ('image': IMAGE_LACKS)"
+        "--absent",
+        default=os.environ.get("SOAKD_GPU_ABSENT", ""),
+        help="comma list of packages to treat as not installed ('image': IMAGE_LACKS)",
     )
     ap.add_argument("--also", default="", help="comma list of further modules to import after MODULES")
     args = ap.parse_args(argv)

@@ -158,6 +158,9 @@ def step_env(out: Path, work: Path) -> Result:
     from soakd import __version__
 
     f["soakd"] = __version__
+    # Unread so far on the device: gVisor (kernel "4.4.0") may lack smaps_rollup, the USS sampler's source.
+    f["kernel"] = os.uname().release
+    f["proc_self_smaps_rollup"] = Path("/proc/self/smaps_rollup").exists()
     f["gpu_count"] = torch.cuda.device_count()
     r.checks["torch, pynvml and soakd import"] = True
     r.device_checks["torch sees a CUDA device"] = f["gpu_count"] >= 1

@@ -104,3 +104,31 @@ def test_a_held_split_ratio_ignores_one_high_scrape() -> None:
     assert gpu_steps.settled_median(convnet) == 0.01
     assert gpu_steps.settled_median(churn) == 0.2
     assert gpu_steps.settled_median([]) is None
+
+
+@pytest.mark.e2e  # runs bench/gpu_check.sh
+def test_gpu_check_stops_at_once_naming_the_import_when_its_python_lacks_a_package(tmp_path: Path) -> None:
+    """In the rehearsal, a python3 that lacks a package the steps import (APScheduler, as if
+    gpu_wheels.sh stopped carrying it): exit 1 before any step, the module and package named,
+    nothing bootstrapped."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (bin_dir / "python3").chmod(0o755)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "SOAKD_GPU_REHEARSE": "1",
+        "SOAKD_GPU_ABSENT": "apscheduler",
+        "SOAKD_SITE": str(tmp_path / "site"),
+    }
+    res = subprocess.run(
+        ["bash", str(REPO / "bench" / "gpu_check.sh"), str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "No module named 'apscheduler'" in res.stderr and "nothing bootstrapped" in res.stderr
+    assert ("running" not in res.stdout and not (REPO / ".venv").exists()) or "creating .venv" not in res.stderr
