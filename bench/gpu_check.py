@@ -7,6 +7,8 @@ Each step runs in its own process (``python -m bench.gpu_steps STEP``) under its
 and its process group is killed when that passes, so a wedged CUDA call cannot eat the budget;
 a failing step is recorded and the next one runs. Without CUDA every step prints
 ``STEP: skipped: no CUDA`` and the check exits 0 (CI runs that dry mode so the script cannot rot).
+With SOAKD_GPU_REHEARSE=1 (bench/gpu_rehearse.sh) every step runs its soakd commands on the CPU
+instead, and only the claims that hold there gate (CI runs that too).
 
 OUT_DIR receives at most 8 files, which is what the device tool brings back:
 gpu_check.json (every figure and check), gpu_check.md (the same as tables), gpu_check.log (each
