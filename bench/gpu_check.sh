@@ -34,12 +34,12 @@ shift
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
-# The import check (bench/gpu_imports.py): what the steps and their soakd children import, not
+# The import check (bench/gpu/imports.py): what the steps and their soakd children import, not
 # only the CLI, so a module-level import of a package the image lacks fails here, named, and not
 # in every step. Its complaint is kept for the message when no Python passes it.
 why=""
 works() {
-  why=$("$1" -m bench.gpu_imports 2>&1 >/dev/null) && return 0
+  why=$("$1" -m bench.gpu.imports 2>&1 >/dev/null) && return 0
   why=${why:-$1 does not start}
   return 1
 }
@@ -77,4 +77,4 @@ if [ -z "$py" ]; then
   py=.venv/bin/python
 fi
 echo "gpu_check: python $("$py" -c 'import sys; print(sys.executable)')"
-exec "$py" -m bench.gpu_check "$out" "$@"
+exec "$py" -m bench.gpu.check "$out" "$@"

@@ -3,7 +3,7 @@
 #
 #   bash bench/gpu_rehearse.sh [OUT_DIR] [--steps env,soaks]   # OUT_DIR: a new temp folder if left out
 #
-# 1. A virtual environment holding only packages the device image has (bench/gpu_image_packages.txt;
+# 1. A virtual environment holding only packages the device image has (bench/gpu/image_packages.txt;
 #    CPU builds: torch 2.13.0+cpu here, 2.11.0+cu130 there; this host's Python, 3.11 here, 3.12
 #    there), kept in $SOAKD_REHEARSE_VENV (default ~/.cache/soakd/rehearse-venv) and rebuilt when
 #    what it should hold changes. Any package in it that the image lacks stops the rehearsal.
@@ -26,7 +26,7 @@ else
 fi
 venv=${SOAKD_REHEARSE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/soakd/rehearse-venv}
 PY=${PYTHON:-python3}
-image=bench/gpu_image_packages.txt
+image=bench/gpu/image_packages.txt
 # What the steps need from the image (soakd's own dependencies that the image has, and pytest);
 # pip brings their dependencies, each of which must be in the image too. python-dateutil below 3:
 # 3.0 and 4.0 require tzdata, which the image's list does not hold, so its dateutil is older.

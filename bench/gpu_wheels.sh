@@ -4,7 +4,7 @@
 # pytest, but no APScheduler, and no network). Run here, where PyPI answers; then the device call
 # carries .whl (ignored by git) and bench/gpu_check.sh installs them (docs/gpu.md). About 100 kB.
 # Not OpenTelemetry: soakd imports its SDK only with OTLP on, which no step turns on, so leaving it
-# out lets bench/gpu_rehearse.sh prove that (bench/gpu_imports.py's IMAGE_LACKS names it).
+# out lets bench/gpu_rehearse.sh prove that (bench/gpu/imports.py's IMAGE_LACKS names it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -129,7 +129,7 @@ class FakeNvml:
     def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
         return i
 
-    def nvmlDeviceGetUUID(self, h: int | tuple[int, int]) -> str:
+    def nvmlDeviceGetUUID(self, h: Any) -> str:
         if isinstance(h, tuple):  # a MIG instance's handle
             return str(self._gpu(h[0])["mig_devices"][h[1]]["uuid"])
         return str(self._gpu(h)["uuid"])
@@ -151,7 +151,7 @@ class FakeNvml:
     def nvmlDeviceGetName(self, h: int) -> str:
         return str(self._gpu(h)["name"])
 
-    def nvmlDeviceGetMemoryInfo(self, h: int | tuple[int, int], version: int | None = None) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, h: Any, version: int | None = None) -> SimpleNamespace:
         if self.block is not None:
             self.block.wait()
         if isinstance(h, tuple):

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_imports, gpu_steps
+from bench.gpu import imports as gpu_imports
+from bench.gpu import steps as gpu_steps
 from tests.conftest import REPO
 
 if sys.version_info >= (3, 11):
@@ -26,7 +27,7 @@ def _norm(name: str) -> str:
 
 
 def _image() -> set[str]:
-    lines = (REPO / "bench" / "gpu_image_packages.txt").read_text().splitlines()
+    lines = (REPO / "bench" / "gpu" / "image_packages.txt").read_text().splitlines()
     return {_norm(line) for line in lines if line and not line.startswith("#")}
 
 
@@ -39,7 +40,7 @@ def _carried() -> set[str]:
 def _import_check(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env_path = f"{REPO}:{tmp_path}"
     return subprocess.run(
-        [sys.executable, "-m", "bench.gpu_imports", *args],
+        [sys.executable, "-m", "bench.gpu.imports", *args],
         cwd=REPO,
         env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
         capture_output=True,

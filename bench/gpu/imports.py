@@ -1,5 +1,5 @@
 """The import check of bench/gpu_check.sh (issue #36): does this Python import what the GPU
-check's steps run? ``python -m bench.gpu_imports`` imports each of MODULES in turn and, on the
+check's steps run? ``python -m bench.gpu.imports`` imports each of MODULES in turn and, on the
 first that fails, names it and the missing package on stderr and exits 1 (0 when all import).
 
 ``--absent PKG,...`` makes those top-level packages unimportable first, so a richer venv (the
@@ -30,8 +30,8 @@ MODULES: tuple[str, ...] = (
     "soakd.run.sweep",
     "soakd.telemetry.pipeline",
     "soakd.analysis.monitor",
-    "bench.gpu_steps",
-    "bench.gpu_models",
+    "bench.gpu.steps",
+    "bench.gpu.models",
     "bench.core_throughput",
     "bench.seed_harness",
     "bench.sampling_cost",

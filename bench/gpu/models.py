@@ -1,4 +1,4 @@
-"""Models for bench/gpu_check.py, loaded by ``soakd run`` as ``python:bench.gpu_models:FACTORY``.
+"""Models for bench/gpu/check.py, loaded by ``soakd run`` as ``python:bench.gpu.models:FACTORY``.
 
 * ``planted_oom``: the builtin ConvNet that, every ``every``-th call after ``after``, asks the
   caching allocator for ``factor`` times the device's memory: a real cudaMalloc failure, so
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bench import gpu_record
+from bench.gpu import record as gpu_record
 from soakd.models.builtin import ConvNet
 
 

@@ -1,4 +1,4 @@
-"""The steps of bench/gpu_check.py, one per process: ``python -m bench.gpu_steps STEP --out OUT
+"""The steps of bench/gpu/check.py, one per process: ``python -m bench.gpu.steps STEP --out OUT
 --work DIR --result FILE``. Each writes ``{"figures", "checks", "details"}`` to FILE.
 
 soakd itself always runs as ``python -m soakd`` in a child process (sweep, run), the offline
@@ -26,9 +26,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench import gpu_record
+from bench.gpu import record as gpu_record
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 # bench/gpu_rehearse.sh sets SOAKD_GPU_REHEARSE=1: the same steps start the same soakd commands
 # on the CPU, at a small shape and for seconds, so what they import and call is proven before
@@ -249,7 +249,7 @@ def fixtures_config(rec: Path, warmup: int = 10) -> str:
     (3 s on the CPU rehearsal, where the recorder records nothing)."""
     duration = "3s" if REHEARSE else "8s"
     return (
-        f'[model]\nspec = "python:bench.gpu_models:fixture_recorder"\ndevice = "{DEVICE}"\nwarmup = {warmup}\n'
+        f'[model]\nspec = "python:bench.gpu.models:fixture_recorder"\ndevice = "{DEVICE}"\nwarmup = {warmup}\n'
         f"[model.options]\nout = {json.dumps(str(rec))}\nwarmup = {warmup}\nload_after_s = 3.0\n"
         f'[input]\nshapes = "{SHAPE}"\n[load]\nconcurrency = 16\nduration = "{duration}"\n'
         "[batcher]\nmax_batch_size = 8\n"
@@ -435,7 +435,7 @@ def helper(name: str, work: Path, batches: Sequence[int], seconds: float) -> dic
     cmd = [
         sys.executable,
         "-m",
-        "bench.gpu_steps",
+        "bench.gpu.steps",
         name,
         "--batches",
         ",".join(map(str, batches)),
@@ -555,7 +555,7 @@ def soak_configs() -> dict[str, str]:
     5 s each and 5 MiB/s of leak on the CPU rehearsal)."""
     long, short, leak = ("5s", "5s", 5.0) if REHEARSE else ("40s", "25s", 50.0)
     oom = (
-        f'[model]\nspec = "python:bench.gpu_models:planted_oom"\ndevice = "{DEVICE}"\nwarmup = 10\n'
+        f'[model]\nspec = "python:bench.gpu.models:planted_oom"\ndevice = "{DEVICE}"\nwarmup = 10\n'
         '[model.options]\nevery = 25\nafter = 20\n[input]\nshapes = "' + SHAPE + '"\n'
         f'[load]\nconcurrency = 8\nduration = "{short}"\n[memory]\ninterval = "0.5s"\n'
         "[batcher]\nmax_batch_size = 4\nempty_cache_on_oom = {on}\n"

@@ -1,9 +1,9 @@
 """GPU truth (issue #18): soakd's GPU half run on a real device, in one command of at most 8 minutes.
 
     bash bench/gpu_check.sh OUT_DIR            # what to run; it finds or prepares a Python
-    python -m bench.gpu_check OUT_DIR [--steps env,soaks] [--budget 480]
+    python -m bench.gpu.check OUT_DIR [--steps env,soaks] [--budget 480]
 
-Each step runs in its own process (``python -m bench.gpu_steps STEP``) under its own timeout,
+Each step runs in its own process (``python -m bench.gpu.steps STEP``) under its own timeout,
 and its process group is killed when that passes, so a wedged CUDA call cannot eat the budget;
 a failing step is recorded and the next one runs. Without CUDA every step prints
 ``STEP: skipped: no CUDA`` and the check exits 0 (CI runs that dry mode so the script cannot rot).
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BUDGET_S = 480.0  # the issue's 8 minutes on one GPU, all steps together
 PROBE_TIMEOUT_S = 60.0  # CUDA's first initialisation can take tens of seconds on a cold host
 KILL_GRACE_S = 5.0
@@ -285,7 +285,7 @@ def step_argv(step: Step, out: Path, work: Path, result: Path) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "bench.gpu_steps",
+        "bench.gpu.steps",
         step.name,
         "--out",
         str(out),
