@@ -129,15 +129,33 @@ class FakeNvml:
     def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
         return i
 
-    def nvmlDeviceGetUUID(self, h: int) -> str:
+    def nvmlDeviceGetUUID(self, h: Any) -> str:
+        if isinstance(h, tuple):  # a MIG instance's handle
+            return str(self._gpu(h[0])["mig_devices"][h[1]]["uuid"])
         return str(self._gpu(h)["uuid"])
+
+    # MIG, as nvidia-ml-py 13.615 answers: [current, pending] mode, a slot count, and NOT_FOUND
+    # for an empty slot. A GPU's optional "mig_devices" list (null for an empty slot) drives it.
+    def nvmlDeviceGetMigMode(self, h: int) -> list[int]:
+        on = int("mig_devices" in self._gpu(h))
+        return [on, on]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: int) -> int:
+        return len(self._gpu(h).get("mig_devices", []))
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: int, j: int) -> tuple[int, int]:
+        if self._gpu(h)["mig_devices"][j] is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return (h, j)
 
     def nvmlDeviceGetName(self, h: int) -> str:
         return str(self._gpu(h)["name"])
 
-    def nvmlDeviceGetMemoryInfo(self, h: int, version: int | None = None) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, h: Any, version: int | None = None) -> SimpleNamespace:
         if self.block is not None:
             self.block.wait()
+        if isinstance(h, tuple):
+            return SimpleNamespace(**self._gpu(h[0])["mig_devices"][h[1]]["memory"])
         if version:
             g = self._check(h, "memory_v2", pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
             return SimpleNamespace(**g["memory_v2"])

@@ -15,7 +15,8 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
-from bench import gpu_check, gpu_steps
+from bench.gpu import check as gpu_check
+from bench.gpu import steps as gpu_steps
 from soakd.config import load_config
 from soakd.models.loader import load_model
 from soakd.telemetry.catalogue import Metrics
@@ -301,8 +302,8 @@ def test_metrics_are_read_back_from_a_real_exposition() -> None:
 
 
 def test_the_planted_oom_model_loads_through_soakd_and_runs_on_cpu() -> None:
-    """python:bench.gpu_models:planted_oom loads with its options; on a CPU it never plants an OOM."""
-    model = load_model("python:bench.gpu_models:planted_oom", "cpu", options={"every": 2, "after": 0})
+    """python:bench.gpu.models:planted_oom loads with its options; on a CPU it never plants an OOM."""
+    model = load_model("python:bench.gpu.models:planted_oom", "cpu", options={"every": 2, "after": 0})
     import torch
 
     for _ in range(4):

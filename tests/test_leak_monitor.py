@@ -129,6 +129,7 @@ class FakeCudaHistory:
 
     def __init__(self) -> None:
         self.recording = False
+        self.unavailable: str | None = None  # the native allocator: history can be recorded
         self.calls: list[str] = []
 
     def start(self) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_record
+from bench.gpu import record as gpu_record
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.nvml import NvmlSampler
 from soakd.telemetry.torch_cuda import TorchCudaSampler, largest_free_blocks

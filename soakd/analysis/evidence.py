@@ -42,24 +42,46 @@ class CudaHistory:
     def __init__(self, max_entries: int, device: int | None = None) -> None:
         import torch  # CUDA runs only: `soakd analyze` imports this package without torch
 
+        # torch again: the flag the snapshot sampler reads lives beside it
+        from soakd.telemetry.torch_cuda import HISTORY_RECORDING
+
         self._torch = torch
+        self._flag = HISTORY_RECORDING
         self.max_entries = max_entries
         self.device = device
         self.recording = False
+        self.unavailable: str | None = None  # why this allocator keeps no history (said once)
+        try:
+            backend = torch.cuda.get_allocator_backend()
+        except (AttributeError, RuntimeError):  # a torch built without CUDA
+            backend = "native"
+        if backend != "native":
+            self._give_up(f"the {backend} allocator (PYTORCH_CUDA_ALLOC_CONF backend:{backend}) keeps no history")
+
+    def _give_up(self, why: str) -> None:
+        self.unavailable = why
+        log.warning("leak.cuda_history: %s: leak verdicts go on without allocation history or memory snapshots", why)
 
     def start(self) -> None:
-        if not self.recording:
+        if self.recording or self.unavailable:
+            return
+        try:
             # Python stacks only: symbolising C++ frames makes a dump take minutes.
             self._torch.cuda.memory._record_memory_history(
                 max_entries=self.max_entries, stacks="python", device=self.device
             )
-            self.recording = True
-            log.info("recording CUDA allocation history (ring of %d entries)", self.max_entries)
+        except RuntimeError as exc:  # an allocator that cannot record: say so once, go on
+            self._give_up(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return
+        self.recording = True
+        self._flag.set()
+        log.info("recording CUDA allocation history (ring of %d entries)", self.max_entries)
 
     def stop(self) -> None:
         if self.recording:
             self._torch.cuda.memory._record_memory_history(enabled=None, device=self.device)
             self.recording = False
+            self._flag.clear()
 
     def dump(self, path: Path) -> None:
         self._torch.cuda.memory._dump_snapshot(str(path))  # type: ignore[no-untyped-call]
@@ -161,6 +183,8 @@ class Evidence:
     def _cuda_snapshot(self, series: str) -> dict[str, Any]:
         if self.cuda is None:
             return {}
+        if self.cuda.unavailable:
+            return {"snapshot": None, "snapshot_error": self.cuda.unavailable}
         if self.state_dir is None:
             return {"snapshot": None, "snapshot_error": "no state dir"}
         self.state_dir.mkdir(parents=True, exist_ok=True)

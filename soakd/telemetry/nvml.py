@@ -10,9 +10,10 @@ dropped for that GPU after the first NOT_SUPPORTED answer instead of failing the
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -20,6 +21,8 @@ from typing import Any
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.scheduler import SourceUnavailable
 from soakd.telemetry.series import SeriesStore
+
+log = logging.getLogger("soakd.telemetry")
 
 # Bit -> name, from NVML's nvmlClocksEventReason* constants (stable across driver versions).
 CLOCK_EVENT_REASONS: dict[int, str] = {
@@ -89,6 +92,56 @@ def open_nvml(nvml: Any = None) -> tuple[Any, list[Any]]:
     return nvml, handles
 
 
+def visible_gpus(nv: Any, handles: Sequence[Any], env: Mapping[str, str] | None = None) -> list[tuple[int, Any]]:
+    """(NVML index, handle) of each GPU this process's CUDA may use. NVML ignores
+    CUDA_VISIBLE_DEVICES and lists every GPU, so each ``soakd@N`` would sample them all: the
+    variable is read here as CUDA reads it, indices or UUID prefixes (``GPU-...``; a ``MIG-...``
+    entry picks the board that holds it), up to the first entry that names no GPU. Indices are
+    NVML's PCI bus order, which is CUDA's with CUDA_DEVICE_ORDER=PCI_BUS_ID (and, on a host of
+    one kind of GPU, its default order too). Unset: every GPU."""
+    spec = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    every = list(enumerate(handles))
+    if spec is None:
+        return every
+    uuids: list[set[str]] = []
+    out: list[tuple[int, Any]] = []
+    for entry in (e.strip() for e in spec.split(",")):
+        if entry.isdigit() and int(entry) < len(every):
+            pick = every[int(entry)]
+        elif entry.startswith(("GPU-", "MIG-")):
+            uuids = uuids or [{_text(nv.nvmlDeviceGetUUID(h)), *(u for u, _ in mig_devices(nv, h))} for h in handles]
+            hits = [g for g, names in zip(every, uuids, strict=True) if any(u.startswith(entry) for u in names)]
+            if len(hits) != 1:
+                break
+            pick = hits[0]
+        else:  # CUDA stops at the first entry that is not a device ("", "-1", a typo)
+            break
+        if pick not in out:
+            out.append(pick)
+    return out
+
+
+def mig_devices(nv: Any, handle: Any) -> list[tuple[str, Any]]:
+    """(``MIG-...`` UUID, handle) of each MIG instance on a board in MIG mode; [] otherwise or when
+    the driver cannot tell (pynvml raises NOT_FOUND for an empty slot)."""
+    if not hasattr(nv, "nvmlDeviceGetMigMode"):
+        return []
+    try:
+        if not nv.nvmlDeviceGetMigMode(handle)[0]:
+            return []
+        slots = int(nv.nvmlDeviceGetMaxMigDeviceCount(handle))
+    except unsupported_errors(nv):
+        return []
+    out = []
+    for j in range(slots):
+        try:
+            mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
+            out.append((_text(nv.nvmlDeviceGetUUID(mig)), mig))
+        except nv.NVMLError:
+            continue
+    return out
+
+
 @dataclass
 class _Gpu:
     index: int
@@ -96,6 +149,9 @@ class _Gpu:
     uuid: str
     name: str
     unsupported: set[str] = field(default_factory=set)
+    # The MIG instance the model runs on, when it is one of this board's: the leak series reads
+    # its memory, not the whole board's.
+    mig: Any = None
 
     @property
     def labels(self) -> tuple[str, str]:
@@ -114,16 +170,20 @@ class NvmlSampler:
         pid: int | None = None,
         uuids: Sequence[str] | None = None,
         clock: Callable[[], float] = time.time,
+        env: Mapping[str, str] | None = None,
     ) -> None:
-        """``uuids``: the GPUs the model uses, for the leak series (None: every GPU)."""
+        """``uuids``: the GPUs the model uses, for the leak series (None: every GPU); NVML names
+        a MIG instance ``MIG-...``. ``env``: where CUDA_VISIBLE_DEVICES is read (os.environ)."""
         self.metrics = metrics
         self.series = series
         self.nvml: Any = nvml  # the backend; None: pynvml, imported by open()
         self.pid = os.getpid() if pid is None else pid
         self.uuids = set(uuids) if uuids is not None else None
         self.clock = clock
+        self.env = env
         self.gpus: list[_Gpu] = []
         self.driver_version = ""
+        self._unlisted = 0  # samples where the model's GPU listed processes, never this pid
 
     def open(self) -> None:
         nv, handles = open_nvml(self.nvml)
@@ -132,11 +192,20 @@ class NvmlSampler:
             self.driver_version = _text(nv.nvmlSystemGetDriverVersion())
         except nv.NVMLError:
             self.driver_version = ""
-        self.gpus = [
-            _Gpu(i, h, _text(nv.nvmlDeviceGetUUID(h)), _text(nv.nvmlDeviceGetName(h))) for i, h in enumerate(handles)
-        ]
-        if self.uuids is not None and not self.uuids & {g.uuid for g in self.gpus}:
-            # e.g. a MIG instance ("MIG-..." in NVML): rather every GPU than a series stuck at 0.
+        visible = visible_gpus(nv, handles, self.env)
+        if not visible:
+            nv.nvmlShutdown()
+            spec = (os.environ if self.env is None else self.env).get("CUDA_VISIBLE_DEVICES")
+            raise SourceUnavailable(f"NVML: CUDA_VISIBLE_DEVICES={spec!r} names none of its {len(handles)} GPU(s)")
+        self.gpus = [_Gpu(i, h, _text(nv.nvmlDeviceGetUUID(h)), _text(nv.nvmlDeviceGetName(h))) for i, h in visible]
+        if self.uuids is not None:
+            for gpu in self.gpus:
+                gpu.mig = next((m for u, m in mig_devices(nv, gpu.handle) if u in self.uuids), None)
+        if self.uuids is not None and not any(g.uuid in self.uuids or g.mig is not None for g in self.gpus):
+            # A model GPU NVML does not name: rather every GPU than a series stuck at 0.
+            log.info(
+                "NVML names none of the model's GPUs %s: the GPU memory series covers every GPU", sorted(self.uuids)
+            )
             self.uuids = None
 
     def _field(self, gpu: _Gpu, key: str, call: Callable[[], Any]) -> Any:
@@ -164,10 +233,13 @@ class NvmlSampler:
                 mem = nv.nvmlDeviceGetMemoryInfo(h)
             m.gpu_memory_used.labels(*lab).set(mem.used)
             m.gpu_memory_total.labels(*lab).set(mem.total)
-            if self.uuids is None or gpu.uuid in self.uuids:
+            if gpu.mig is not None:  # the model's MIG instance: its memory, not the board's
+                used_ours += int(nv.nvmlDeviceGetMemoryInfo(gpu.mig).used)
+            elif self.uuids is None or gpu.uuid in self.uuids:
                 used_ours += int(mem.used)
             procs = self._field(gpu, "processes", partial(nv.nvmlDeviceGetComputeRunningProcesses, h))
             mine = [p for p in procs or () if p.pid == self.pid]
+            self._note_unlisted(gpu, bool(procs), bool(mine))
             # Not listed: no context on this GPU, or (in a container without the host's pid
             # namespace) NVML lists host pids. Either way there is no number to report, and a
             # made-up 0 would hide a leak from the trend test.
@@ -199,6 +271,26 @@ class NvmlSampler:
             self.series.append("gpu_memory_used", now, used_ours)
             if process_ours is not None:
                 self.series.append("gpu_process_memory", now, process_ours)
+
+    def _note_unlisted(self, gpu: _Gpu, listed: bool, mine: bool) -> None:
+        """Say once when the model's GPU keeps listing processes but never this one: NVML lists
+        host pids in a container without the host's pid namespace (the per-process series is then
+        absent all run, which should not go unsaid)."""
+        if self.uuids is None or (gpu.uuid not in self.uuids and gpu.mig is None) or self._unlisted < 0:
+            return
+        if mine:
+            self._unlisted = -1  # listed once: nothing to say
+        elif listed:
+            self._unlisted += 1
+            if self._unlisted == 3:
+                self._unlisted = -1
+                log.warning(
+                    "NVML lists processes on GPU %s but never this one (pid %d): in a container NVML "
+                    "reports host pids, so soakd_gpu_process_memory_bytes and its leak series are absent "
+                    "this run. Share the host's pid namespace (Kubernetes hostPID: true, docker --pid=host).",
+                    gpu.index,
+                    self.pid,
+                )
 
     def _clock_events(self, gpu: _Gpu) -> int | None:
         nv, h = self.nvml, gpu.handle

@@ -35,13 +35,15 @@ def cuda_devices(device: torch.device) -> list[int]:
 
 
 def gpu_uuids(devices: list[int]) -> list[str] | None:
-    """NVML-style UUIDs ("GPU-...") of the model's devices, to pick the GPUs for the leak series."""
+    """NVML-style UUIDs of the model's devices, to pick the GPUs for the leak series: each as a
+    board ("GPU-...") and as a MIG instance ("MIG-..."; torch gives the bare UUID for both)."""
     if not devices:
         return None
     try:
-        return [f"GPU-{torch.cuda.get_device_properties(i).uuid}" for i in devices]
+        bare = [str(torch.cuda.get_device_properties(i).uuid) for i in devices]
     except (AttributeError, RuntimeError):  # older torch without .uuid
         return None
+    return [f"{kind}-{u}" for u in bare for kind in ("GPU", "MIG")]
 
 
 def watched_samplers(

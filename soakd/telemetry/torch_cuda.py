@@ -5,6 +5,9 @@ accumulated counters are never reset, so a user's own ``memory_summary()`` stays
 
 from __future__ import annotations
 
+import inspect
+import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -16,6 +19,11 @@ from soakd.telemetry.scheduler import SourceUnavailable
 from soakd.telemetry.series import SeriesStore
 
 POOLS = {"all": "all", "large_pool": "large", "small_pool": "small"}
+log = logging.getLogger("soakd.telemetry")
+
+# Set while soakd records torch's allocation history (analysis/evidence.py's CudaHistory): a
+# snapshot on a torch without include_traces then symbolises the whole history ring.
+HISTORY_RECORDING = threading.Event()
 
 
 class CudaBackend(Protocol):
@@ -27,11 +35,17 @@ class CudaBackend(Protocol):
 
     def mem_get_info(self, device: int) -> tuple[int, int]: ...
 
-    def memory_snapshot(self) -> Sequence[Mapping[str, Any]]: ...
+    def memory_snapshot(self) -> Sequence[Mapping[str, Any]] | None: ...
 
 
 class TorchCuda:
     """The real backend."""
+
+    def __init__(self) -> None:
+        # memory_snapshot(include_traces=False) arrived in torch 2.11 (pytorch PR 172672); before
+        # it every snapshot symbolises the allocation-history ring with the GIL held (~0.7 s at
+        # 100k entries), so while soakd records history the snapshot is not read at all.
+        self.skips_traces = "include_traces" in inspect.signature(torch.cuda.memory_snapshot).parameters
 
     def is_available(self) -> bool:
         return bool(torch.cuda.is_available())
@@ -43,10 +57,13 @@ class TorchCuda:
         free, total = torch.cuda.mem_get_info(device)
         return int(free), int(total)
 
-    def memory_snapshot(self) -> Sequence[Mapping[str, Any]]:
-        try:  # torch >= 2.6: skip the trace ring, which can be large and is not needed here
+    def memory_snapshot(self) -> Sequence[Mapping[str, Any]] | None:
+        """The segments, or None when reading them now would symbolise the history ring."""
+        if self.skips_traces:
             snap = torch.cuda.memory_snapshot(include_traces=False)  # type: ignore[no-untyped-call,unused-ignore]
-        except TypeError:
+        elif HISTORY_RECORDING.is_set():
+            return None
+        else:
             snap = torch.cuda.memory_snapshot()  # type: ignore[no-untyped-call,unused-ignore]
         return list(snap)
 
@@ -153,12 +170,23 @@ class TorchCudaSnapshotSampler:
         self.metrics = metrics
         self.devices = list(devices)
         self.backend: CudaBackend = backend if backend is not None else TorchCuda()
+        self._said = False
 
     def open(self) -> None:
         _check_devices(self.backend, self.devices)
 
     def sample(self) -> None:
-        largest = largest_free_blocks(self.backend.memory_snapshot())
+        snap = self.backend.memory_snapshot()
+        if snap is None:  # the last figure stands until history recording stops
+            if not self._said:
+                self._said = True
+                log.info(
+                    "torch %s has no memory_snapshot(include_traces=...) (torch 2.11+): the largest free "
+                    "block is not read while allocation history is recorded",
+                    torch.__version__,
+                )
+            return
+        largest = largest_free_blocks(snap)
         for index in self.devices:
             self.metrics.cuda_largest_free_block.labels(_device_label(index)).set(largest.get(index, 0))
 

@@ -1,4 +1,4 @@
-"""Models for bench/gpu_check.py, loaded by ``soakd run`` as ``python:bench.gpu_models:FACTORY``.
+"""Models for bench/gpu/check.py, loaded by ``soakd run`` as ``python:bench.gpu.models:FACTORY``.
 
 * ``planted_oom``: the builtin ConvNet that, every ``every``-th call after ``after``, asks the
   caching allocator for ``factor`` times the device's memory: a real cudaMalloc failure, so
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bench import gpu_record
+from bench.gpu import record as gpu_record
 from soakd.models.builtin import ConvNet
 
 
@@ -59,7 +59,7 @@ class FixtureRecorder(nn.Module):
             return
         try:
             snap = torch.cuda.memory_snapshot(include_traces=False)  # type: ignore[no-untyped-call,unused-ignore]
-        except TypeError:  # torch < 2.6
+        except TypeError:  # torch < 2.11 (include_traces arrived in 2.11)
             snap = torch.cuda.memory_snapshot()  # type: ignore[no-untyped-call,unused-ignore]
         gpu_record.write_json(self.out / gpu_record.SNAPSHOT, gpu_record.snapshot_segments(snap))
         import pynvml
