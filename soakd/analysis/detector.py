@@ -10,8 +10,13 @@ At every look (every evaluation of the live monitor, every step of a replay):
     decelerates into a plateau (the knee of a two-slope fit), whichever comes last; the
     trailing minimum never reaches back before it;
   * the trough noise is the variogram of the judged troughs
-    (:func:`soakd.analysis.trend.slope_variance`), which gives the least-squares slope's
-    variance over any span at this noise, whatever its autocorrelation;
+    (:func:`soakd.analysis.trend.slope_variance`, about one trend for all the data that may
+    bend once, so swings slower than a block stay noise), which gives the least-squares
+    slope's variance over any span at this noise, whatever its autocorrelation; a span needs
+    twice its length of noise behind it, unless the noise is seen to forget
+    (:func:`soakd.analysis.trend.forgets`): then the whole history is one span;
+  * until SEEN of the window has been judged, a span is flagged only at FAR times its
+    threshold z (slow swings not yet seen to turn);
   * spans of the newest ``min_span``, 2x, 4x ... up to ``window`` seconds are tested, each
     after taking out its single largest level shift if one stands out (a new input shape is
     not a leak; a staircase still trends). The false-alarm budget ``alpha`` is spent over an
