@@ -120,7 +120,8 @@ def test_detectable_slope_shrinks_with_data_and_grows_with_wander() -> None:
     late, slow = judge(t, white, PARAMS, FLOOR), judge(t, wander, PARAMS, FLOOR)
     assert not early.positive and not late.positive and not slow.positive
     assert FLOOR < late.detectable_bytes_per_hour < early.detectable_bytes_per_hour
-    assert slow.detectable_bytes_per_hour > 1.5 * late.detectable_bytes_per_hour
+    # (30 min wander forgets within 6 h, so it too is judged over the whole history: 1.3x, not more)
+    assert slow.detectable_bytes_per_hour > 1.3 * late.detectable_bytes_per_hour
     assert late.reason.startswith("no leak above ") and late.judged_seconds > 4 * 3600
 
 
@@ -283,3 +284,52 @@ def test_leak_settings_are_validated_with_their_key_path() -> None:
     p = DetectorParams.from_config(fast)
     assert (p.bin, p.min_span, p.trough_span, p.persistence) == (1.5, 15.0, 15.0, 15.0)
     assert fast.evaluate_interval == 1.5 and p.floor_scale == 480.0
+
+
+def test_a_faint_leak_under_noise_that_forgets_in_minutes_is_found() -> None:
+    """#39's case: 4 MiB/h under AR(1) noise of 6 MiB with a 5 min correlation time. Over 6 h
+    its least-squares slope stands far above the noise; once the noise is seen to level off,
+    the whole judged history is one span and the leak is found. The same noise without the
+    leak is not flagged at any look."""
+    from bench.heldout_traces import ou
+
+    t = np.arange(0.0, 6 * 3600.0, 10.0)
+    found = 0
+    for seed in range(3):
+        noise = ou(np.random.default_rng(100 + seed), t.size, 10.0, 6 * MIB, 300.0)
+        found += replay(t, 2e9 + 4 * MIB * t / 3600.0 + noise, PARAMS, FLOOR).suspected
+        assert replay(t, 2e9 + noise, PARAMS, FLOOR).first_suspected_at is None
+    assert found >= 2
+
+
+def test_a_slow_gc_sawtooth_is_not_a_leak_once_it_has_turned() -> None:
+    """A GC sawtooth of 100 MiB every 70 min rises at 85 MiB/h between collections: after its
+    first collection the ramps are noise (the noise's trend is one line for all the data, not
+    one per block), so no look from 1.5 h on flags it."""
+    rng = np.random.default_rng(4)
+    t = np.arange(0.0, 6 * 3600.0, 10.0)
+    v = 2e9 + 100 * MIB * ((t + 1800.0) % 4200.0) / 4200.0 + rng.normal(0, 0.5 * MIB, t.size)
+    r = replay(t, v, PARAMS, FLOOR)
+    assert all(at < 1.5 * 3600 for at, up in r.flips if up), r.flips
+
+
+def test_early_looks_flag_only_rises_far_beyond_the_noise() -> None:
+    """In the first 2 h of judged data a span needs twice its threshold z: a ramp of 60 MiB/h
+    under 3 MiB of jitter 44 min in (a load cycle's rise, or a leak: the data cannot tell yet)
+    is "not judged yet"; 200 MiB/h is a leak at once."""
+    rng = np.random.default_rng(9)
+    t = np.arange(0.0, 3600.0, 10.0)
+    jitter = rng.normal(0, 3 * MIB, t.size)
+    ramp = judge(t, 2e9 + 60 * MIB * t / 3600.0 + jitter, PARAMS, FLOOR)
+    assert not ramp.positive and "not judged yet" in ramp.reason
+    assert judge(t, 2e9 + 200 * MIB * t / 3600.0 + jitter, PARAMS, FLOOR).positive
+
+
+def test_hinge_residual_takes_out_a_line_that_bends_once() -> None:
+    from soakd.analysis.trend import hinge_residual
+
+    x = np.arange(400, dtype=np.float64)
+    bent = 5.0 + 0.1 * x + 0.4 * np.maximum(0.0, x - 250)
+    assert np.max(np.abs(hinge_residual(bent))) < 0.5  # the knot grid is 1/16th of the span
+    wave = np.sin(x / 20.0)
+    assert np.std(hinge_residual(wave)) > 0.5  # a swing is not a bend: it stays as noise

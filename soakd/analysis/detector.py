@@ -10,8 +10,13 @@ At every look (every evaluation of the live monitor, every step of a replay):
     decelerates into a plateau (the knee of a two-slope fit), whichever comes last; the
     trailing minimum never reaches back before it;
   * the trough noise is the variogram of the judged troughs
-    (:func:`soakd.analysis.trend.slope_variance`), which gives the least-squares slope's
-    variance over any span at this noise, whatever its autocorrelation;
+    (:func:`soakd.analysis.trend.slope_variance`, about one trend for all the data that may
+    bend once, so swings slower than a block stay noise), which gives the least-squares
+    slope's variance over any span at this noise, whatever its autocorrelation; a span needs
+    twice its length of noise behind it, unless the noise is seen to forget
+    (:func:`soakd.analysis.trend.forgets`): then the whole history is one span;
+  * until SEEN of the window has been judged, a span is flagged only at FAR times its
+    threshold z (slow swings not yet seen to turn);
   * spans of the newest ``min_span``, 2x, 4x ... up to ``window`` seconds are tested, each
     after taking out its single largest level shift if one stands out (a new input shape is
     not a leak; a staircase still trends). The false-alarm budget ``alpha`` is spent over an
@@ -53,6 +58,7 @@ import numpy as np
 from soakd.analysis.trend import (
     Array,
     bin_minima,
+    forgets,
     level_shifts,
     ols_slope,
     slope_variance,
@@ -82,6 +88,8 @@ STAIR_STEPS = 3  # a staircase has at least this many level shifts up within the
 STAIR_SETTLING = 1.25  # gaps each at least this much longer than the one before: settling
 STAIR_OPEN = 2.0  # steps have stopped once the newest gap is this many times the longest
 STEP_SETTLE = 900.0  # seconds: a level shift that settles within this counts as one step
+SEEN = 1.0 / 3  # of the window (2 h of 6 h): less judged history than this has not shown slow swings turn
+FAR = 2.0  # before that, a span is flagged only at this many times its threshold z
 
 
 @dataclass(frozen=True)
@@ -329,6 +337,10 @@ class Grid:
             # A span needs HISTORY times its length of noise behind it: a swing slower than
             # the data cannot be told from a leak.
             longest = min(int(yk.size / HISTORY), win)
+            if forgets(yk, p.window / p.bin, max(2, round(STEP_SETTLE / p.bin))):
+                # Noise that forgets within the data (its variogram levels off well inside it)
+                # is known at every lag up to the data's length: the whole history is one span.
+                longest = min(yk.size, win)
             # A span must hold SPAN_PER_TROUGH trailing-minimum widths: within one width the
             # envelope holds flat and then jumps as an old minimum leaves it, a slope of one or
             # two independent values whose tail no normal approximation describes.
@@ -418,6 +430,10 @@ class Grid:
         detectable = max((zstar + Z90) * se, floor + Z90 * se)
         why = ""
         positive = pv < alpha_n
+        if positive and history.size * p.bin < SEEN * p.window and z < FAR * zstar:
+            # Too little data to have seen the series' slow swings (a load cycle, a long GC
+            # period, an arena still settling) turn: only a rise far beyond the noise seen so far.
+            positive, why = False, f"not judged yet: {_dur(history.size * p.bin)} of data"
         if positive and slope < floor:
             positive, why = False, f"slope {slope / MIB:.2f} MiB/h below the floor {floor / MIB:.2f} MiB/h"
         if positive and n >= 10:
@@ -431,6 +447,15 @@ class Grid:
                 positive, why = False, f"settling: growth is slowing ({old / MIB:.3g} then {new / MIB:.3g} MiB/h)"
             elif max(abs(old - slope), abs(new - slope)) > SETTLE_Z * se_half:
                 positive, why = False, f"not a steady rise ({old / MIB:.3g} then {new / MIB:.3g} MiB/h): a step"
+        if positive and history.size >= 2 * n:
+            # Settling over the whole judged history: everything before the span rose
+            # significantly faster (a log-like arena or caching allocator whose rate keeps
+            # decaying: each span rises only a little slower than the one before it).
+            early = history[:-n]
+            prev = ols_slope(early) * per_hour
+            se_prev = math.sqrt(max(0.0, slope_variance(noise, min(early.size, noise.size)))) * per_hour
+            if prev - slope > SETTLE_Z * math.hypot(se, se_prev):
+                positive, why = False, f"settling: growth is slowing ({prev / MIB:.3g} then {slope / MIB:.3g} MiB/h)"
         if positive:
             # Settling, across spans: the span of equal length just before rose significantly
             # faster (the trough envelope here reaches into the warm-up on purpose). A leak's

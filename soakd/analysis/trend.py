@@ -312,8 +312,12 @@ def slope_variance(y: Array, span: int) -> float:
     block = 4 * span
     nb = n // block
     if nb >= 2:
-        rows = y[n - nb * block :].reshape(nb, block)
-        per = np.stack([lag_variogram(row, span) for row in rows])
+        # One trend through all the blocks (a line that may bend once: a leak that began late
+        # is trend, not noise), not a line per block: a swing slower than a block (a long GC
+        # period, a load cycle, slow wander) is noise to every span within it, and a block's
+        # own line would take it out as "trend".
+        rows = hinge_residual(y[n - nb * block :]).reshape(nb, block)
+        per = np.stack([lag_variogram(row, span, detrend=False) for row in rows])
         level = per[:, 1:].mean(axis=1)
         keep = np.ones(nb, dtype=bool)
         if nb >= 3:
@@ -346,14 +350,35 @@ def take_out_step(y: Array, history: Array, max_lag: int, min_sigmas: float = 5.
     return out
 
 
-def lag_variogram(y: Array, lags: int) -> Array:
+HINGE_KNOTS = 16
+
+
+def hinge_residual(y: Array) -> Array:
+    """``y`` less its best continuous two-piece line (one bend, at one of HINGE_KNOTS places
+    between an eighth and seven eighths of it), fitted by least squares."""
+    n = y.size
+    if n < 16:
+        return y - ols_slope(y) * np.arange(n, dtype=np.float64) if n >= 2 else y.copy()
+    x = np.arange(n, dtype=np.float64) / n
+    knots = np.linspace(0.125, 0.875, HINGE_KNOTS)
+    a = np.stack(
+        [np.ones((HINGE_KNOTS, n)), np.broadcast_to(x, (HINGE_KNOTS, n)), np.maximum(0.0, x[None, :] - knots[:, None])],
+        axis=2,
+    )
+    gram = np.einsum("kni,knj->kij", a, a)
+    coef = np.linalg.solve(gram, np.einsum("kni,n->ki", a, y)[..., None])[..., 0]
+    res = y[None, :] - np.einsum("kni,ki->kn", a, coef)
+    return np.asarray(res[int(np.argmin(np.sum(res * res, axis=1)))], dtype=np.float64)
+
+
+def lag_variogram(y: Array, lags: int, *, detrend: bool = True) -> Array:
     """``out[h] = mean((r[i+h] - r[i])**2)``, h = 0..lags-1, over the pairs that start in the
     first ``n - lags + 1`` points (the same pairs at every lag), ``r`` being ``y`` detrended
     by its least-squares line. The mean, not the median: a trough envelope holds flat for
     many points, and a median of its changes would call it noiseless."""
     n = y.size
     lags = max(1, min(lags, n - 1))
-    r = y - ols_slope(y) * np.arange(n, dtype=np.float64)
+    r = y - ols_slope(y) * np.arange(n, dtype=np.float64) if detrend else y
     win = np.lib.stride_tricks.sliding_window_view(r, lags)
     d = win - win[:, :1]
     return np.asarray(np.mean(d * d, axis=0), dtype=np.float64)
@@ -390,3 +415,22 @@ def take_out_shifts(y: Array, shifts: list[tuple[int, float]]) -> Array:
     for at, size in shifts:
         out[at:] -= size
     return out
+
+
+PLATEAU_HISTORY = 1.0 / 3  # of the window (2 h of 6 h): judged history needed before noise is called bounded
+PLATEAU_GROWTH = 1.25  # the variogram grows less than this from an eighth to half the data
+
+
+def forgets(y: Array, window_points: float, step_lag: int) -> bool:
+    """The troughs' noise levels off well within the data: detrended, their variogram at half
+    the data's length is within PLATEAU_GROWTH of the one at an eighth (AR(1) noise, jitter,
+    a sawtooth seen many times), so it is measured at every lag a span of the whole data needs.
+    Slow wander and load cycles keep growing and stay judged on half; level shifts (an
+    allocator settling, a staircase) are not noise that forgets."""
+    if y.size < max(32.0, PLATEAU_HISTORY * window_points):
+        return False
+    if level_shifts(y, step_lag):
+        return False
+    half = y.size // 2
+    g = lag_variogram(y, half + 1)
+    return bool(g[half // 4] > 0 and g[half] <= PLATEAU_GROWTH * g[half // 4])
