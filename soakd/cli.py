@@ -69,6 +69,31 @@ RUN_FLAGS: dict[str, tuple[str, dict[str, Any], str]] = {
     "--scrape": ("target.scrape", {"metavar": "URL", "action": "append"}, "the server's own Prometheus endpoint"),
     "--output-tokens": ("target.output_tokens", {"metavar": "N|LENGTH-SPEC"}, "openai: max_tokens per request"),
     "--tokenizer": ("target.tokenizer", {"metavar": "PATH"}, "openai: a local tokenizer for exact prompt lengths"),
+    # Trace replay (docs/replay.md).
+    "--replay": ("load.replay", {"metavar": "FILE"}, "replay a trace's arrivals and sizes (instead of --rate)"),
+    "--replay-format": (
+        "load.replay_format",
+        {"metavar": "auto|mooncake|azure|burstgpt|soakd"},
+        "the trace's format (auto: from the file)",
+    ),
+    "--replay-speed": ("load.replay_speed", {"metavar": "X"}, "replay X times as fast as recorded"),
+    "--replay-loop": ("load.replay_loop", {"action": "store_const", "const": True}, "wrap the trace until --duration"),
+    "--replay-block-tokens": ("load.replay_block_tokens", {"metavar": "N"}, "Mooncake: tokens per hash_id block"),
+    "--replay-keep-failed": (
+        "load.replay_keep_failed",
+        {"action": "store_const", "const": True},
+        "BurstGPT: keep rows with 0 response tokens",
+    ),
+    "--replay-sort-window": (
+        "load.replay_sort_window",
+        {"metavar": "ROWS"},
+        "sort timestamps that step back within this many rows (0: exit 2 naming the line)",
+    ),
+    "--record-requests": (
+        "output.record_requests",
+        {"metavar": "FILE"},
+        "log each request (intended time, size, outcome) as JSONL for --replay",
+    ),
 }
 
 

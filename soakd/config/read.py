@@ -72,7 +72,7 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str,
 
 def settle(cfg: Config) -> None:
     """Defaults that depend on other keys, filled in before validation (which changes nothing)."""
-    if cfg.load.concurrency is None and cfg.load.rate is None:
+    if cfg.load.concurrency is None and cfg.load.rate is None and cfg.load.replay is None:
         cfg.load.concurrency = 8  # closed loop, 8 in flight: neither mode given
     lk = cfg.leak
     # A window shorter than 30 evaluations (an accelerated run) is judged that often instead.

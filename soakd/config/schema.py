@@ -38,11 +38,19 @@ class LoadConfig:
     duration: float | None = _duration(None)  # None: run until stopped
     drain_timeout: float = _duration(10.0)  # what is still queued then is dropped (counted)
     seed: int = 0
+    # Trace replay (docs/replay.md): arrivals and sizes from a recorded trace, an open loop.
+    replay: str | None = None  # the trace file (Mooncake JSONL, Azure or BurstGPT CSV, soakd's request log)
+    replay_format: str = "auto"  # auto (detected from the file) | mooncake | azure | burstgpt | soakd
+    replay_speed: float = 1.0  # intended send time = the row's offset from the first row / speed
+    replay_loop: bool = False  # wrap the trace (each pass offset by its span plus one mean gap)
+    replay_block_tokens: int = 512  # Mooncake: tokens per hash_id block
+    replay_keep_failed: bool = False  # BurstGPT: keep the rows with 0 response tokens (failed requests)
+    replay_sort_window: int = 0  # rows held to sort timestamps that go back; 0: a step back is an error
 
     @property
     def open_loop(self) -> bool:
-        """A rate means open loop; otherwise closed loop. Every part asks here."""
-        return self.rate is not None
+        """A rate or a replayed trace means open loop; otherwise closed loop. Every part asks here."""
+        return self.rate is not None or self.replay is not None
 
 
 @dataclass
@@ -78,6 +86,8 @@ class MetricsConfig:
 class OutputConfig:
     summary_json: str | None = None
     log_file: str | None = None  # also log here; SIGHUP re-opens it (logrotate)
+    record_requests: str | None = None  # JSONL: each request's intended time, size and outcome (--replay reads it)
+    record_max_bytes: int = 256 * 1024 * 1024  # the request log stops growing here (said in the log)
 
 
 @dataclass

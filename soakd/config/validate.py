@@ -108,15 +108,42 @@ def _validate_model(md: ModelConfig) -> None:
     )
 
 
+REPLAY_FORMATS = ("auto", "mooncake", "azure", "burstgpt", "soakd")
+MAX_SORT_WINDOW = 1_000_000  # rows held in memory to sort a trace whose timestamps step back
+
+
+def _validate_replay(ld: LoadConfig) -> None:
+    """A trace sets the arrivals (docs/replay.md): no rate or concurrency beside it."""
+    if ld.replay is None:
+        return
+    _require(
+        ld.rate is None and ld.concurrency is None,
+        "load.replay: the trace sets the arrivals; remove load.rate and load.concurrency (or --rate, --concurrency)",
+    )
+    _require(bool(ld.replay.strip()), "load.replay: empty path")
+    _require(Path(ld.replay).is_file(), f"load.replay: {ld.replay}: no such file")
+    _require(
+        ld.replay_format in REPLAY_FORMATS,
+        f"load.replay_format: expected {', '.join(REPLAY_FORMATS)}, got {ld.replay_format!r}",
+    )
+    _require(0 < ld.replay_speed <= 1e6, f"load.replay_speed: must be within (0, 1e6], got {ld.replay_speed:g}")
+    _require(ld.replay_block_tokens >= 1, f"load.replay_block_tokens: must be >= 1, got {ld.replay_block_tokens}")
+    _require(
+        0 <= ld.replay_sort_window <= MAX_SORT_WINDOW,
+        f"load.replay_sort_window: must be within [0, {MAX_SORT_WINDOW}] rows (held in memory), "
+        f"got {ld.replay_sort_window}",
+    )
+
+
 def _validate_load(ld: LoadConfig) -> None:
     _require(
         ld.concurrency is None or ld.rate is None,
         "load.concurrency and load.rate: choose one (closed loop or open loop), not both",
     )
+    _validate_replay(ld)
     if ld.concurrency is not None:
         _require(ld.concurrency >= 1, f"load.concurrency: must be >= 1, got {ld.concurrency}")
-    if ld.open_loop:
-        assert ld.rate is not None
+    if ld.rate is not None:
         _require(ld.rate > 0, f"load.rate: must be > 0 requests/s, got {ld.rate}")
         _require(
             ld.rate <= MAX_RATE,
@@ -245,13 +272,19 @@ def _validate_state(st: StateConfig) -> None:
 
 
 def _validate_output(out: OutputConfig) -> None:
-    for key, value in (("output.log_file", out.log_file), ("output.summary_json", out.summary_json)):
+    _require(out.record_max_bytes >= 4096, f"output.record_max_bytes: must be >= 4096, got {out.record_max_bytes}")
+    for key, value in (
+        ("output.log_file", out.log_file),
+        ("output.summary_json", out.summary_json),
+        ("output.record_requests", out.record_requests),
+    ):
         if value is not None:
             _require(bool(value.strip()), f"{key}: empty path")
             _require(not Path(value).is_dir(), f"{key}: {value} is a directory, not a file")
-    if out.log_file is not None:
-        parent = Path(out.log_file).parent
-        _require(parent.is_dir(), f"output.log_file: {out.log_file}: directory {parent} does not exist")
+    for key, value in (("output.log_file", out.log_file), ("output.record_requests", out.record_requests)):
+        if value is not None:
+            parent = Path(value).parent
+            _require(parent.is_dir(), f"{key}: {value}: directory {parent} does not exist")
 
 
 TARGET_APIS = ("http", "openai", "kserve-v2")
