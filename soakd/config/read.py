@@ -62,6 +62,10 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str,
         data.get("load", {}).pop("rate", None)
     if "load.rate" in overrides and "load.concurrency" not in overrides:
         data.get("load", {}).pop("concurrency", None)
+    if "load.replay" in overrides:  # the trace sets the arrivals: the file's rate or concurrency yields
+        for key in ("rate", "concurrency"):
+            if f"load.{key}" not in overrides:
+                data.get("load", {}).pop(key, None)
     for key, value in overrides.items():
         _set_path(data, key, value)
     cfg: Config = build(Config, data, "")

@@ -366,7 +366,7 @@ def _validate_openai(cfg: Config) -> None:
     )
     if tg.output_tokens is not None:
         parse_output_tokens(tg.output_tokens)
-    if cfg.input.samples is None:
+    if cfg.input.samples is None and cfg.load.replay is None:  # a trace gives each prompt's length
         _require(
             is_seq_spec(cfg.input.shapes),
             "input.shapes: --api openai needs prompt lengths in tokens (--input-shapes 'seq:fixed(n=128)', "
