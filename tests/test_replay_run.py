@@ -164,7 +164,7 @@ def test_record_then_replay_reproduces_arrivals_and_sizes(tmp_path: Path) -> Non
 def test_an_overload_shows_as_lag_and_drops_not_a_lower_rate(tmp_path: Path) -> None:
     """A model taking 20 ms a batch of one against rows 1 ms apart: the arrivals keep to the
     trace (offered at its rate), past max_inflight they are dropped and counted."""
-    path, rows = mooncake(tmp_path, 300, gap_ms=1.0)
+    path, _ = mooncake(tmp_path, 300, gap_ms=1.0)
     s = soak_in_process(
         tmp_path,
         {
