@@ -20,7 +20,7 @@ import pytest
 from soakd.config import load_config
 from soakd.run.session import run
 from soakd.run.stop import StopFlag
-from tests.conftest import free_port
+from tests.conftest import free_port, run_soakd
 
 SERVER = Path(__file__).resolve().parent / "openai_fake_server.py"
 
@@ -182,3 +182,28 @@ def test_an_overload_shows_as_lag_and_drops_not_a_lower_rate(tmp_path: Path) -> 
     assert rep["rows_sent"] + rep["rows_dropped"] == 300
     assert rep["rows_dropped"] > 100 and s["requests"]["dropped"] >= rep["rows_dropped"]
     assert s["latency_ms"]["e2e"]["p99"] > 100  # latency counts from the intended time
+
+
+@pytest.mark.parametrize(
+    ("text", "args", "said"),
+    [
+        ("Timestamp,Model,Request tokens\n1,m,2\n", (), "lacks column(s) Response tokens"),
+        (
+            '{"timestamp": 5, "input_length": 3, "output_length": 1}\n' * 2
+            + '{"timestamp": 1, "input_length": 3, "output_length": 1}\n',
+            (),
+            "line 3: the timestamp steps back",
+        ),
+        ('{"timestamp": 5, "input_length": 3, "output_length": 1}\n', ("--rate", "10"), "remove load.rate"),
+    ],
+)
+def test_a_bad_trace_or_flag_is_exit_2_naming_file_and_line(
+    tmp_path: Path, text: str, args: tuple[str, ...], said: str
+) -> None:
+    path = tmp_path / "trace.csv"
+    path.write_text(text)
+    res = run_soakd("--model", "builtin:noop", "--replay", str(path), *args, "--state-dir", str(tmp_path / "s"))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert said in res.stderr and "Traceback" not in res.stderr
+    if not args:
+        assert str(path) in res.stderr

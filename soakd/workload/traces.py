@@ -190,6 +190,9 @@ class Trace:
         for name, cols in CSV_COLUMNS.items():
             if fmt in ("auto", name) and all(c in header for c in cols):
                 return name, (header.index(cols[0]), header.index(cols[1]), header.index(cols[2]))
+        if fmt == "auto":  # the format whose columns the header holds most of, if any
+            fmt = max(CSV_COLUMNS, key=lambda name: sum(c in header for c in CSV_COLUMNS[name]))
+            fmt = fmt if any(c in header for c in CSV_COLUMNS[fmt]) else "auto"
         if fmt in CSV_COLUMNS:
             missing = [c for c in CSV_COLUMNS[fmt] if c not in header]
             raise ConfigError(f"{where}: the {fmt} header lacks column(s) {', '.join(missing)}")
