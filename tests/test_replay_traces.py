@@ -1,6 +1,7 @@
 """Trace files (soakd/workload/traces.py): each format's columns and units, bad rows counted by
 line, files that are not traces refused naming file and line, timestamps that step back; and
-the prompts made to a row's size (shared hash_id blocks share text). docs/replay.md."""
+the prompts made to a row's size (shared hash_id blocks share text); the request log's size
+limit. docs/replay.md."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from soakd.config import ConfigError, load_config
+from soakd.load.record import RequestRecorder
+from soakd.request import Request
+from soakd.workload.prompts import Prompt
 from soakd.workload.replay_prompts import PromptSizer
 from soakd.workload.traces import Row, RowCounts, Trace, azure_time, scan
 
@@ -155,3 +159,18 @@ def test_rows_sharing_hash_ids_share_their_prompt_prefix() -> None:
     assert c.text.split()[:block_words] != a.text.split()[:block_words]
     assert len(a.text.split()) == 30  # 40 tokens at 0.75 words each
     assert (a.input_tokens, a.max_tokens, b.max_tokens) == (40, 5, 3)
+
+
+def test_the_request_log_stops_at_its_size_limit_and_reads_back_as_a_trace(tmp_path: Path) -> None:
+    """--record-requests: the file never passes output.record_max_bytes; what it holds is a
+    soakd trace whose rows keep each request's intended time and size."""
+    path = tmp_path / "requests.jsonl"
+    rec = RequestRecorder(str(path), 4096, api="openai")
+    rec.origin = 100.0
+    rec.add([Request(100.0 + i / 1000, 0.0, None, Prompt("x", None, 10 + i, 3)) for i in range(500)], "ok")
+    out = rec.close()
+    assert path.stat().st_size <= 4096 and out["stopped_at_limit"]
+    assert out["requests"] + out["lost"] == 500 and out["requests"] > 10
+    rows, _ = rows_of(str(path))
+    assert [(r.t, r.input_tokens, r.output_tokens) for r in rows[:2]] == [(0.0, 10, 3), (0.001, 11, 3)]
+    assert len(rows) == out["requests"]
