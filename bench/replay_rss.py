@@ -10,7 +10,11 @@ rate and the schedule lag; then the ratio of the two peaks. The scan before the 
 rows, span, a step back in time) is part of what is measured: it reads the whole file once.
 
     .venv/bin/python bench/replay_rss.py [--long 2000000] [--short 1000] [--gap-ms 1] [--speed 2]
-        [--seconds 20]
+        [--seconds 20] [--ceiling-rate 50000]
+
+``--ceiling-rate R`` first runs the same schedule as ``--rate R --arrival constant`` and as a
+trace of rows 1/R apart, R past what the host completes, and prints the ratio of their
+completed rates (the replay's overhead; goal: within 5%).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 
 def write_trace(path: Path, rows: int, gap_ms: float) -> None:
@@ -49,15 +54,27 @@ def free_port() -> int:
 
 
 def soak(trace: Path, args: argparse.Namespace, loop: bool, work: Path) -> dict[str, float]:
-    summary = work / f"summary-{trace.stem}.json"
+    load = ["--replay", str(trace), "--replay-speed", str(args.speed)] + (["--replay-loop"] if loop else [])
+    r, s = run_noop(load, args.seconds, work, trace.stem)
+    rep = s["replay"]
+    return {
+        **r,
+        "rows_sent": rep["rows_sent"],
+        "rows_dropped": rep["rows_dropped"],
+        "achieved_over_intended": rep["offered_rps"] / rep["intended_rps"],
+        "lag_p99_ms": s["schedule_lag_ms"]["p99"],
+        "on_time_ratio": rep["on_time_ratio"],
+    }
+
+
+def run_noop(load: list[str], seconds: float, work: Path, name: str) -> tuple[dict[str, float], dict[str, Any]]:
+    """``soakd run --model builtin:noop`` with ``load`` flags: its peak and final RSS, its summary."""
+    summary = work / f"summary-{name}.json"
     cmd = [
         sys.executable, "-m", "soakd", "run", "--model", "builtin:noop", "--input-shapes", "seq:fixed(n=64)",
-        "--replay", str(trace), "--replay-speed", str(args.speed), "--duration", f"{args.seconds}s",
-        "--warmup", "5", "--summary-json", str(summary), "--state-dir", str(work / f"state-{trace.stem}"),
-        "--metrics-addr", f"127.0.0.1:{free_port()}",
+        *load, "--duration", f"{seconds}s", "--warmup", "5", "--summary-json", str(summary),
+        "--state-dir", str(work / f"state-{name}"), "--metrics-addr", f"127.0.0.1:{free_port()}",
     ]  # fmt: skip
-    if loop:
-        cmd.append("--replay-loop")
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     peak = last = 0
@@ -72,17 +89,24 @@ def soak(trace: Path, args: argparse.Namespace, loop: bool, work: Path) -> dict[
     if proc.returncode not in (0, 1):
         raise SystemExit(f"soakd exited {proc.returncode}:\n{err[-3000:]}")
     s = json.loads(summary.read_text())
-    rep = s["replay"]
-    return {
-        "peak_mib": peak / 1024,
-        "end_mib": last / 1024,
-        "wall_s": time.monotonic() - t0,
-        "rows_sent": rep["rows_sent"],
-        "rows_dropped": rep["rows_dropped"],
-        "achieved_over_intended": rep["offered_rps"] / rep["intended_rps"],
-        "lag_p99_ms": s["schedule_lag_ms"]["p99"],
-        "on_time_ratio": rep["on_time_ratio"],
-    }
+    return {"peak_mib": peak / 1024, "end_mib": last / 1024, "wall_s": time.monotonic() - t0}, s
+
+
+def ceiling(args: argparse.Namespace, work: Path) -> None:
+    """The same schedule as ``--rate R --arrival constant`` and as a trace of rows 1/R apart, R
+    past what the host completes: the completed rate of each (the replay's overhead: their ratio)."""
+    rate = args.ceiling_rate
+    trace = work / "ceiling.jsonl"
+    write_trace(trace, int(rate * args.seconds * 1.5), 1000.0 / rate)
+    got = {}
+    for name, load in (
+        ("rate", ["--rate", str(rate), "--arrival", "constant"]),
+        ("replay", ["--replay", str(trace)]),
+    ):
+        _, s = run_noop(load, args.seconds, work, f"ceiling-{name}")
+        got[name] = s["throughput_rps"]
+        print(f"ceiling {name:6s}: {s['throughput_rps']:9.1f} req/s completed of {rate:g} offered", flush=True)
+    print(f"ceiling replay/rate: {got['replay'] / got['rate']:.3f} (goal: within 5% of 1)")
 
 
 def main() -> None:
@@ -92,9 +116,12 @@ def main() -> None:
     p.add_argument("--gap-ms", type=float, default=1.0)
     p.add_argument("--speed", type=float, default=2.0)
     p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--ceiling-rate", type=float, default=0.0, help="also compare ceilings at this rate (req/s)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        if args.ceiling_rate:
+            ceiling(args, work)
         results = {}
         for name, rows in (("short", args.short), ("long", args.long)):
             trace = work / f"{name}.jsonl"
