@@ -56,6 +56,15 @@ RUN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--scrape": ("target.scrape", {"metavar": "URL", "action": "append"}),
     "--output-tokens": ("target.output_tokens", {"metavar": "N|LENGTH-SPEC"}),
     "--tokenizer": ("target.tokenizer", {"metavar": "PATH"}),
+    # Trace replay (docs/replay.md).
+    "--replay": ("load.replay", {"metavar": "FILE"}),
+    "--replay-format": ("load.replay_format", {"metavar": "auto|mooncake|azure|burstgpt|soakd"}),
+    "--replay-speed": ("load.replay_speed", {"metavar": "X"}),
+    "--replay-loop": ("load.replay_loop", {"action": "store_const", "const": True}),
+    "--replay-block-tokens": ("load.replay_block_tokens", {"metavar": "N"}),
+    "--replay-keep-failed": ("load.replay_keep_failed", {"action": "store_const", "const": True}),
+    "--replay-sort-window": ("load.replay_sort_window", {"metavar": "ROWS"}),
+    "--record-requests": ("output.record_requests", {"metavar": "FILE"}),
 }
 
 

@@ -1,5 +1,7 @@
 """A small OpenAI-compatible server for ``--api openai`` edge cases, in its own process:
-``python tests/openai_fake_server.py PORT``. It prints "ready PORT" once it listens.
+``python tests/openai_fake_server.py PORT [RECORD]``. It prints "ready PORT" once it listens.
+With RECORD, a file, each POST's arrival (``time.perf_counter()``: CLOCK_MONOTONIC, the same
+clock as soakd's in another process) and its body are appended there as one JSON line.
 
 Its behaviour follows the requested model (GET /v1/models lists them in this order):
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 
 from aiohttp import web
 
@@ -39,8 +42,15 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [{"id": m, "object": "model"} for m in MODELS]})
 
 
+RECORD: list[str] = []  # the RECORD file, when given
+
+
 async def complete(request: web.Request) -> web.StreamResponse:
+    arrived = time.perf_counter()
     body = await request.json()
+    if RECORD:
+        with open(RECORD[0], "a") as fh:
+            fh.write(json.dumps({"t": arrived, "body": body}) + "\n")
     model = body.get("model")
     if model not in MODELS:
         return web.json_response({"error": {"message": f"no model {model}"}}, status=404)
@@ -77,6 +87,7 @@ async def complete(request: web.Request) -> web.StreamResponse:
 
 def main() -> None:
     port = int(sys.argv[1])
+    RECORD.extend(sys.argv[2:3])
     app = web.Application()
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", complete)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Daemon, free_port, metric_value, wait_for
+from conftest import Daemon, free_port, metric_value, run_soakd, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 SERVER_START_TIMEOUT = 180.0  # importing transformers and torch on a shared 2-core box
@@ -240,3 +240,50 @@ def test_tokenizer_makes_prompts_of_exact_length(serve: Serve, tmp_path: Path) -
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count(" exact") == 2, res.stdout
+
+
+REPLAY_EXACT = """
+import sys
+from tokenizers import Tokenizer
+from soakd.config import load_config
+from soakd.workload.replay_prompts import PromptSizer
+from soakd.workload.traces import Row
+
+cfg = load_config(None, {"target.url": "http://127.0.0.1:1/v1", "target.api": "openai", "load.replay": sys.argv[2],
+                         "target.tokenizer": sys.argv[1], "load.replay_block_tokens": 16})
+size = PromptSizer(cfg)
+tok = Tokenizer.from_file(sys.argv[1] + "/tokenizer.json")
+prompts = [size(Row(0.0, n, 4, i, (1, 2, 3) if i % 2 else (1, 2, 9)))[1] for i, n in enumerate(range(40, 80))]
+for p in prompts:
+    assert len(tok.encode(p.text, add_special_tokens=False).ids) == p.input_tokens, p
+shared = [tok.encode(p.text, add_special_tokens=False).ids[:32] for p in prompts]
+assert all(s == shared[0] for s in shared), "rows sharing hash ids 1 and 2 share their first 32 tokens"
+print("exact" if size.exact else "approximate")
+"""
+
+
+def test_replay_prompts_are_exact_and_share_hash_blocks(serve: Serve, tmp_path: Path) -> None:
+    """--replay with --tokenizer: each prompt re-encodes to exactly its row's input_length, and
+    rows sharing hash ids share those blocks' tokens (the servers' python has `tokenizers`); then
+    a Mooncake trace replayed against transformers serve: every row answered, max_tokens as
+    recorded (the server's usage counts the output tokens)."""
+    trace = tmp_path / "trace.jsonl"
+    rows = [
+        {"timestamp": 100 * i, "input_length": 8 + i, "output_length": 1 + i % 3, "hash_ids": [0]} for i in range(12)
+    ]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = subprocess.run(
+        [str(serve.python), "-c", REPLAY_EXACT, serve.model, str(trace)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
+    assert res.returncode == 0 and "exact" in res.stdout, res.stdout + res.stderr
+    args = ["--target", serve.base, "--api", "openai", "--replay", str(trace), "--replay-speed", "2", "--warmup", "1"]
+    args += ["--summary-json", str(tmp_path / "summary.json"), "--state-dir", str(tmp_path / "state")]
+    done = run_soakd(*args, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    s = summary(tmp_path)
+    assert s["requests"]["ok"] == len(rows) and s["replay"]["rows_sent"] == len(rows)
+    assert s["llm"]["output_tokens"] <= sum(r["output_length"] for r in rows)

@@ -70,6 +70,10 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str,
         _table(data, "load").pop("rate", None)
     if "load.rate" in overrides and "load.concurrency" not in overrides:
         _table(data, "load").pop("concurrency", None)
+    if "load.replay" in overrides:  # the trace sets the arrivals: the file's rate or concurrency yields
+        for key in ("rate", "concurrency"):
+            if f"load.{key}" not in overrides:
+                _table(data, "load").pop(key, None)
     for key, value in overrides.items():
         _set_path(data, key, value)
     cfg = build(data)
@@ -80,7 +84,7 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: dict[str,
 
 def settle(cfg: Config) -> None:
     """Defaults that depend on other keys, filled in before validation (which changes nothing)."""
-    if cfg.load.concurrency is None and cfg.load.rate is None:
+    if cfg.load.concurrency is None and cfg.load.rate is None and cfg.load.replay is None:
         cfg.load.concurrency = 8  # closed loop, 8 in flight: neither mode given
     lk = cfg.leak
     # A window shorter than 30 evaluations (an accelerated run) is judged that often instead.

@@ -83,11 +83,36 @@ class LoadConfig:
     duration: Annotated[float, SECONDS, doc("how long to soak (none: until stopped)")] | None = None
     drain_timeout: Annotated[float, SECONDS, doc("on stop: what is still queued then is dropped (counted)")] = 10.0
     seed: Annotated[int, doc("seed of the arrival and input draws", ge=0, le=MAX_INT, why="numpy seeds")] = 0
+    # Trace replay (docs/replay.md): arrivals and sizes from a recorded trace, an open loop.
+    replay: (
+        Annotated[str, doc("replay a trace's arrivals and sizes (Mooncake, Azure, BurstGPT or soakd's own log)")] | None
+    ) = None
+    replay_format: Annotated[
+        Literal["auto", "mooncake", "azure", "burstgpt", "soakd"], doc("the trace's format (auto: from the file)")
+    ] = "auto"
+    replay_speed: Annotated[
+        float, doc("replay X times as fast as recorded (send time = row offset / speed)", unit="x", gt=0, le=1e6)
+    ] = 1.0
+    replay_loop: Annotated[bool, doc("wrap the trace until the duration (each pass offset by its span)")] = False
+    replay_block_tokens: Annotated[int, doc("Mooncake: tokens per hash_id block", unit="tokens", ge=1, le=MAX_INT)] = (
+        512
+    )
+    replay_keep_failed: Annotated[bool, doc("BurstGPT: keep the rows with 0 response tokens (failed requests)")] = False
+    replay_sort_window: Annotated[
+        int,
+        doc(
+            "rows held to sort timestamps that step back (0: a step back is exit 2 naming the line)",
+            unit="rows",
+            ge=0,
+            le=1_000_000,
+            why="the rows are held in memory",
+        ),
+    ] = 0
 
     @property
     def open_loop(self) -> bool:
-        """A rate means open loop; otherwise closed loop. Every part asks here."""
-        return self.rate is not None
+        """A rate or a replayed trace means open loop; otherwise closed loop. Every part asks here."""
+        return self.rate is not None or self.replay is not None
 
 
 @dataclass
@@ -134,6 +159,12 @@ class MetricsConfig:
 class OutputConfig:
     summary_json: Annotated[str, doc("write the summary JSON here at the end")] | None = None
     log_file: Annotated[str, doc("also log here; SIGHUP reopens it (logrotate)")] | None = None
+    record_requests: (
+        Annotated[str, doc("log each request (intended time, size, outcome) as JSONL for --replay")] | None
+    ) = None
+    record_max_bytes: Annotated[
+        int, doc("the request log stops growing here (said in the log)", unit="bytes", ge=1, le=MAX_INT)
+    ] = 256 * 1024 * 1024
 
 
 @dataclass

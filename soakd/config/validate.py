@@ -68,11 +68,25 @@ def _validate_model(md: ModelConfig) -> None:
     )
 
 
+def _validate_replay(ld: LoadConfig) -> None:
+    """A trace sets the arrivals (docs/replay.md): no rate or concurrency beside it."""
+    if ld.replay is None:
+        return
+    _require(
+        ld.rate is None and ld.concurrency is None,
+        "load.replay: the trace sets the arrivals; remove load.rate and load.concurrency (or --rate, --concurrency)",
+    )
+    _require(bool(ld.replay.strip()), "load.replay: empty path")
+    _require(Path(ld.replay).is_file(), f"load.replay: {ld.replay}: no such file")
+    # Format, speed, block tokens and sort window: bounds on the keys themselves (schema.py).
+
+
 def _validate_load(ld: LoadConfig) -> None:
     _require(
         ld.concurrency is None or ld.rate is None,
         "load.concurrency and load.rate: choose one (closed loop or open loop), not both",
     )
+    _validate_replay(ld)
 
 
 def _validate_batcher(b: BatcherConfig, daemon: DaemonConfig) -> None:
@@ -132,13 +146,19 @@ def _validate_state(st: StateConfig) -> None:
 
 
 def _validate_output(out: OutputConfig) -> None:
-    for key, value in (("output.log_file", out.log_file), ("output.summary_json", out.summary_json)):
+    _require(out.record_max_bytes >= 4096, f"output.record_max_bytes: must be >= 4096, got {out.record_max_bytes}")
+    for key, value in (
+        ("output.log_file", out.log_file),
+        ("output.summary_json", out.summary_json),
+        ("output.record_requests", out.record_requests),
+    ):
         if value is not None:
             _require(bool(value.strip()), f"{key}: empty path")
             _require(not Path(value).is_dir(), f"{key}: {value} is a directory, not a file")
-    if out.log_file is not None:
-        parent = Path(out.log_file).parent
-        _require(parent.is_dir(), f"output.log_file: {out.log_file}: directory {parent} does not exist")
+    for key, value in (("output.log_file", out.log_file), ("output.record_requests", out.record_requests)):
+        if value is not None:
+            parent = Path(value).parent
+            _require(parent.is_dir(), f"{key}: {value}: directory {parent} does not exist")
 
 
 def _validate_target(cfg: Config) -> None:
@@ -205,7 +225,7 @@ def _validate_openai(cfg: Config) -> None:
     tg = cfg.target
     if tg.output_tokens is not None:
         parse_output_tokens(tg.output_tokens)
-    if cfg.input.samples is None:
+    if cfg.input.samples is None and cfg.load.replay is None:  # a trace gives each prompt's length
         _require(
             is_seq_spec(cfg.input.shapes),
             "input.shapes: --api openai needs prompt lengths in tokens (--input-shapes 'seq:fixed(n=128)', "

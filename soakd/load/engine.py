@@ -22,6 +22,8 @@ import torch
 from soakd.config import Config
 from soakd.load.batcher import Batcher
 from soakd.load.executors import Executor, executor_for
+from soakd.load.record import RequestRecorder
+from soakd.load.replay import replay_executor
 from soakd.load.stages import BAD_INPUT_KEY, PostprocessThread, PreprocessPool
 from soakd.request import Inlet, Request
 from soakd.targets.base import AnyTarget, RequestTarget
@@ -68,7 +70,11 @@ class Engine:
         self.cfg = cfg
         self.metrics = metrics
         self.clock = clock
-        self.executor: Executor = executor_for(cfg.load)
+        # A replayed trace is an open loop of its own (load/replay.py); else the rate or concurrency.
+        self.executor: Executor = (
+            executor_for(cfg.load) if cfg.load.replay is None else replay_executor(cfg.load, source)
+        )
+        self.recorder: RequestRecorder | None = None  # --record-requests: one append per request
         self.batcher = Batcher(cfg.batcher.max_batch_size, cfg.batcher.max_queue_delay_ms / 1e3)
         self.stop_event = threading.Event()  # no new requests
         self._leave = False  # worker loops: leave now (a plain flag: read once per batch)
@@ -171,8 +177,15 @@ class Engine:
 
     # ------------------------------------------------------------------ lifecycle
 
+    @property
+    def exhausted(self) -> bool:
+        """The arrivals ended on their own (a trace replayed once): the run ends with them."""
+        return self.executor.exhausted
+
     def start(self) -> None:
         self.started_at = self.last_completion = self.clock()
+        if self.recorder is not None:
+            self.recorder.origin = self.started_at
         for stage in (self.preprocess_pool, self.postprocess):
             if stage is not None:
                 stage.start()
@@ -306,6 +319,8 @@ class Engine:
                 hist["inference"].observe_n(t_end - t_dispatch, n)
         if self.batch_hook is not None:
             self.batch_hook(n, t_dispatch, t_end, outcome)
+        if self.recorder is not None:
+            self.recorder.add(batch, outcome)
         self._count(outcome, n)
         self.last_completion = t_end if t_done is None else t_done
         self.last_progress = time.monotonic()

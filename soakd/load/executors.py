@@ -37,6 +37,7 @@ class Sender(Protocol):
 
 class Executor(Protocol):
     open_loop: bool
+    exhausted: bool  # the arrivals ended on their own (a trace replayed once)
 
     @property
     def target_load(self) -> float: ...
@@ -55,6 +56,7 @@ class ClosedLoop:
     """``concurrency`` requests in flight: each completion sends its replacement at once."""
 
     open_loop = False
+    exhausted = False
 
     def __init__(self, concurrency: int) -> None:
         self._target = max(1, concurrency)
@@ -91,6 +93,7 @@ class OpenLoop:
     ``max_inflight`` in flight, arrivals are dropped (counted), not delayed."""
 
     open_loop = True
+    exhausted = False
 
     def __init__(self, ld: LoadConfig) -> None:
         assert ld.rate is not None
@@ -160,7 +163,8 @@ class OpenLoop:
 
 
 def executor_for(ld: LoadConfig) -> Executor:
-    """Open loop when a rate is set, else closed loop (the one place this is decided)."""
+    """Open loop when a rate is set, else closed loop (the one place this is decided; a replayed
+    trace's open loop is load/replay.py's, picked by the engine, which holds the trace)."""
     if ld.open_loop:
         return OpenLoop(ld)
     return ClosedLoop(ld.concurrency or 1)

@@ -57,7 +57,8 @@ class PhaseScheduler:
         self.engine = engine
         self.set_phase = set_phase
         self.closed_loop = not cfg.load.open_loop
-        target = cfg.load.concurrency if self.closed_loop else cfg.load.rate
+        # A replayed trace's load is its speed: a ramp or probe scales the speed (docs/replay.md).
+        target = cfg.load.concurrency if self.closed_loop else cfg.load.rate or cfg.load.replay_speed
         assert target is not None
         self.target = float(target)
         self.ramp = cfg.phases.ramp

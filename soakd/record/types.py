@@ -198,6 +198,7 @@ class RunRecord(Record):
     run: dict[str, Any] | UnsetType | None = UNSET  # the fingerprint: model, versions, device, host, config
     schedule_lag_ms: ScheduleLag | UnsetType = UNSET
     offered_rps: Number | UnsetType | None = UNSET
+    replay: dict[str, Any] | UnsetType = UNSET  # a replayed trace: rows sent, skipped, bad (docs/replay.md)
     model_offline: dict[str, Any] | UnsetType | None = UNSET
     llm: LlmBlock | UnsetType | None = UNSET
     windows: list[WindowRow] | UnsetType | None = UNSET
@@ -205,6 +206,7 @@ class RunRecord(Record):
     run_duration_seconds: Number | UnsetType | None = UNSET
     target: TargetBlock | UnsetType | None = UNSET
     slo: SloBlock | UnsetType | None = UNSET
+    record_requests: dict[str, Any] | UnsetType = UNSET  # --record-requests: the log's path, rows, bytes
 
     # Reading: every accessor below answers for a summary, a report and older records alike.
 

@@ -91,14 +91,15 @@ class Served:
     def __init__(self, cfg: Config, metrics: Metrics, health: Health) -> None:
         self.cfg, self.metrics = cfg, metrics
         health.starting = "starting: connecting to and warming up the target"
-        early = steps.read_inputs(cfg)  # no bodies or prompts: exit 2 before anything connects
+        replay = steps.open_replay(cfg)  # a bad trace, bodies or prompts: exit 2 before anything connects
+        early = steps.read_inputs(cfg)
         self.client, self.connect_seconds = steps.open_network_target(cfg, metrics)
         self.target: AnyTarget = self.client
         health.target_down = self.client.down_reason
         self.label = self.client.spec
         self.summary: Callable[[], dict[str, Any]] | None = self.client.summary
         try:
-            self._source = steps.network_source(cfg, self.client, early)
+            self._source = steps.network_source(cfg, self.client, early, replay)
         except BaseException:
             self.client.close()
             raise

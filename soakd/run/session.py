@@ -26,6 +26,7 @@ from soakd.endpoints import EndpointServer
 from soakd.errors import Exit, RunFailed
 from soakd.load.engine import Engine, EngineStats
 from soakd.load.phases import PhaseScheduler
+from soakd.load.record import RequestRecorder
 from soakd.record.write import write_record
 from soakd.run import steps
 from soakd.run.health import Health
@@ -42,6 +43,7 @@ from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.pipeline import Telemetry, resource_attributes, run_samplers
 from soakd.telemetry.series import SeriesStore
 from soakd.telemetry.watched import UnitResolver, resolve_units
+from soakd.workload.replay import ReplaySource
 from soakd.workload.sources import RequestSource
 
 log = logging.getLogger("soakd")
@@ -179,6 +181,8 @@ class RunSession:
             probe_faults = self._probe_faults = offline["page_faults_per_call"]
             self._faults_warned = fault_warning(probe_faults, offline["kernel_time_ratio"]) is not None
         run_fp = prep.fingerprint(life.run_id)
+        if isinstance(source, ReplaySource):  # the trace is part of what the result is bound to
+            run_fp["trace"] = source.info.fingerprint()
         ready = _Prepared(prep.target, source, run_fp, prep.cold_start(warm), offline, self.target_summary)
         return self._soak(life, ready, series, telemetry)
 
@@ -187,6 +191,9 @@ class RunSession:
         cfg, m = self.cfg, self.metrics
         target, source, run_fp, offline = prep.target, prep.source, prep.run_fp, prep.offline
         engine = self.engine = Engine(target, source, cfg, m)
+        if cfg.output.record_requests is not None:
+            api = cfg.target.api if cfg.target.url is not None else "model"
+            engine.recorder = RequestRecorder(cfg.output.record_requests, cfg.output.record_max_bytes, api=api)
         engine.batch_hook = telemetry.batch_hook
         life.begin_segment(run_fp)  # a new segment of the run
         phases = PhaseScheduler(cfg, engine, life.set_phase, elapsed_before=life.elapsed_before)
@@ -213,6 +220,7 @@ class RunSession:
             phases.stop()
         died = target.dead()
         self._drain(life, engine, died)
+        recorded = engine.recorder.close() if engine.recorder is not None else None
         if died is not None:
             raise RunFailed(f"a model worker thread ended ({type(died).__name__}: {died}); the run stopped")
         stats = engine.stats()
@@ -240,6 +248,8 @@ class RunSession:
             offline=offline,
             target=prep.target_summary() if prep.target_summary is not None else None,
         )
+        if recorded is not None:
+            summary.record_requests = recorded
         if cfg.output.summary_json:
             write_record(cfg.output.summary_json, summary)
             log.info("summary written to %s", cfg.output.summary_json)
@@ -284,7 +294,7 @@ class RunSession:
         last = engine.stats()
         while not self.stop.event.is_set() and engine.target.dead() is None:
             now = time.monotonic()
-            if deadline is not None and now >= deadline:
+            if (deadline is not None and now >= deadline) or engine.exhausted:
                 break
             wake = min(next_status, deadline) if deadline is not None else next_status
             self.stop.event.wait(max(0.0, min(wake - now, 0.5)))

@@ -23,8 +23,10 @@ from soakd.targets.local import LocalModelTarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.workload.bodies import BodySource
 from soakd.workload.prompts import PromptSource
+from soakd.workload.replay import local_replay, network_replay, open_trace
 from soakd.workload.shapes import ShapeSource
 from soakd.workload.sources import RequestSource, build_source
+from soakd.workload.traces import Trace, TraceInfo
 
 log = logging.getLogger("soakd")
 
@@ -90,8 +92,12 @@ def load_target(cfg: Config, metrics: Metrics | None = None) -> tuple[LoadedMode
 
 
 def request_source(cfg: Config, model: LoadedModel) -> RequestSource:
-    """Sample files, a sequence-length mix or pre-made shapes; ConfigError when there is no shape."""
-    return build_source(cfg, model.default_shape, model.dtype)
+    """Sample files, a sequence-length mix or pre-made shapes; ConfigError when there is no shape.
+    With ``--replay``, those sized and timed by the trace (docs/replay.md)."""
+    base = build_source(cfg, model.default_shape, model.dtype)
+    if cfg.load.replay is None:
+        return base
+    return local_replay(cfg, base, cfg.input.shapes or model.default_shape, model.dtype)
 
 
 def warm_up(
@@ -175,6 +181,8 @@ def run_fingerprint(cfg: Config, run_id: str, model: LoadedModel) -> dict[str, A
 
 def load_mode(cfg: Config) -> str:
     ld = cfg.load
+    if ld.replay is not None:
+        return f"replay={ld.replay_speed:g}x"
     return f"rate={ld.rate}/{ld.arrival}" if ld.open_loop else f"concurrency={ld.concurrency}"
 
 
@@ -267,12 +275,20 @@ def open_network_target(cfg: Config, metrics: Metrics) -> tuple[ClientTarget, fl
 def read_inputs(cfg: Config) -> BodySource | PromptSource | None:
     """What can be read before anything connects (ConfigError, exit 2, on bad samples or
     prompts): openai's prompts, or the bodies ``--samples`` holds. None: kserve-v2 tensors,
-    made once the model's metadata is known (:func:`network_source`)."""
+    made once the model's metadata is known (:func:`network_source`), or a replayed trace's
+    openai prompts (made per row)."""
     if cfg.target.api == "openai":
+        if cfg.load.replay is not None:
+            return None
         source = PromptSource(cfg)
         log.info("%s", source.describe)
         return source
     return body_source(cfg)
+
+
+def open_replay(cfg: Config) -> tuple[Trace, TraceInfo] | None:
+    """``--replay``'s trace, scanned before anything connects (exit 2 naming file and line)."""
+    return open_trace(cfg) if cfg.load.replay is not None else None
 
 
 def body_source(cfg: Config) -> BodySource | None:
@@ -285,10 +301,23 @@ def body_source(cfg: Config) -> BodySource | None:
     return source
 
 
-def network_source(cfg: Config, target: ClientTarget, early: BodySource | PromptSource | None) -> RequestSource:
-    """What the soak sends, made once now that the target is checked: openai's prompts, the
-    bodies as they are, or (kserve-v2) JSON bodies as gRPC messages, or the pooled tensors of
-    ``--input-shapes`` (else the model's declared shape) encoded for the model's input."""
+def network_source(
+    cfg: Config,
+    target: ClientTarget,
+    early: BodySource | PromptSource | None,
+    replay: tuple[Trace, TraceInfo] | None = None,
+) -> RequestSource:
+    """What the soak sends, made once now that the target is checked; with ``replay`` (the
+    trace, scanned before connecting) those sized and timed by the trace."""
+    if replay is None:
+        return _network_payloads(cfg, target, early)
+    return network_replay(cfg, replay, None if target.api == "openai" else _network_payloads(cfg, target, early))
+
+
+def _network_payloads(cfg: Config, target: ClientTarget, early: BodySource | PromptSource | None) -> RequestSource:
+    """openai's prompts, the bodies as they are, or (kserve-v2) JSON bodies as gRPC messages,
+    or the pooled tensors of ``--input-shapes`` (else the model's declared shape) encoded for
+    the model's input."""
     if isinstance(early, PromptSource):
         return early
     bodies = early

@@ -10,11 +10,13 @@ import msgspec
 import numpy as np
 
 from soakd.config import Config
+from soakd.load.replay import ReplayLoop
 from soakd.record.types import BatchSize, Percentiles, RunRecord
 from soakd.record.write import LLM_TIMINGS, stage_summary
 from soakd.run.windows import Delta
 from soakd.verdicts.memory import memory_block
 from soakd.verdicts.slo import slo_block
+from soakd.workload.replay import ReplaySource
 
 if TYPE_CHECKING:
     from soakd.analysis.monitor import Verdict
@@ -121,6 +123,10 @@ def build_summary(
         summary["schedule_lag_ms"] = {"p50": lag["p50"], "p99": lag["p99"], "max": lag["max"]}
         sent = sum(completed.values()) + stats.inflight
         summary["offered_rps"] = round(sent / stats.elapsed, 3)
+    if isinstance(engine.executor, ReplayLoop):
+        summary["replay"] = engine.executor.summary(stats.elapsed)
+        if isinstance(engine.source, ReplaySource):
+            summary["replay"]["rows_clipped"] = engine.source.clipped
     if offline is not None:
         summary["model_offline"] = dict(offline)
         if stats.model_seconds > 0:  # soakd's own per-batch work on the model threads, against the model's

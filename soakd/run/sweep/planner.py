@@ -76,6 +76,8 @@ def plan(cfg: Config, ns: argparse.Namespace) -> SweepPlan:
     batch = _parse_list(ns.sweep_max_batch_size, "--max-batch-size", int) or [cfg.batcher.max_batch_size]
     if conc and rate:
         raise ConfigError("--concurrency and --rate: sweep one load mode (closed or open loop), not both")
+    if cfg.load.replay is not None:  # its steps set rate or concurrency; a speed sweep is not built yet
+        raise ConfigError("load.replay: soakd sweep does not replay traces; use soakd run --replay --replay-speed X")
     if rate or (not conc and cfg.load.open_loop):
         mode, loads = "rate", rate or [cfg.load.rate]
     else:

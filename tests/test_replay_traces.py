@@ -1,0 +1,176 @@
+"""Trace files (soakd/workload/traces.py): each format's columns and units, bad rows counted by
+line, files that are not traces refused naming file and line, timestamps that step back; and
+the prompts made to a row's size (shared hash_id blocks share text); the request log's size
+limit. docs/replay.md."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from soakd.config import ConfigError, load_config
+from soakd.load.record import RequestRecorder
+from soakd.request import Request
+from soakd.workload.prompts import Prompt
+from soakd.workload.replay_prompts import PromptSizer
+from soakd.workload.traces import Row, RowCounts, Trace, azure_time, scan
+
+BURST_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def mooncake(tmp_path: Path, rows: list[dict[str, object]], name: str = "trace.jsonl") -> str:
+    return write(tmp_path, name, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def rows_of(path: str, **kw: object) -> tuple[list[Row], RowCounts]:
+    counts = RowCounts()
+    return list(Trace(path, **kw).rows(counts)), counts  # type: ignore[arg-type]
+
+
+def test_mooncake_timestamps_are_milliseconds_and_hash_ids_are_kept(tmp_path: Path) -> None:
+    path = mooncake(
+        tmp_path,
+        [
+            {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]},
+            {"timestamp": 1500, "input_length": 300, "output_length": 7, "hash_ids": [1]},
+        ],
+    )
+    rows, _ = rows_of(path)
+    assert [(r.t, r.input_tokens, r.output_tokens, r.hash_ids) for r in rows] == [
+        (0.0, 600, 5, (1, 2)),
+        (1.5, 300, 7, (1,)),
+    ]
+    info = scan(Trace(path))
+    assert (info.format, info.rows, info.span_seconds) == ("mooncake", 2, 1.5)
+    assert len(info.sha256) == 64
+
+
+def test_azure_2023_and_2024_timestamps_are_date_times(tmp_path: Path) -> None:
+    """2023: seven fraction digits, no zone; 2024: a +00:00 zone. Offsets are exact to the µs."""
+    assert azure_time("2023-11-16 18:15:46.6805900") - azure_time("2023-11-16 18:15:46") == pytest.approx(0.68059)
+    assert azure_time("2024-05-10 00:00:01.5+02:00") == azure_time("2024-05-09 22:00:01.5")
+    path = write(
+        tmp_path,
+        "azure.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 23:59:59.500,374,44\n2023-11-17 00:00:00.750,100,2\n",
+    )
+    rows, _ = rows_of(path)
+    assert Trace(path).format == "azure"
+    assert rows[1].t - rows[0].t == pytest.approx(1.25, abs=1e-6)  # across midnight
+    assert [(r.input_tokens, r.output_tokens, r.line) for r in rows] == [(374, 44, 2), (100, 2, 3)]
+
+
+def test_burstgpt_failed_requests_are_skipped_unless_kept(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "burst.csv",
+        BURST_HEADER + "5,ChatGPT,472,18,490,Conv\n6.5,GPT-4,100,0,100,Conv\n7,GPT-4,10,1,11,API\n",
+    )
+    rows, counts = rows_of(path)
+    assert [(r.t, r.input_tokens, r.output_tokens) for r in rows] == [(5.0, 472, 18), (7.0, 10, 1)]
+    assert counts.skipped == 1
+    kept, counts = rows_of(path, keep_failed=True)
+    assert len(kept) == 3 and counts.skipped == 0
+
+
+def test_bad_rows_are_counted_with_their_line_numbers(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "trace.jsonl",
+        '{"timestamp": 0, "input_length": 10, "output_length": 1}\n'
+        "not json\n"
+        '{"timestamp": 10, "input_length": -3, "output_length": 1}\n'
+        "\n"
+        '{"timestamp": 20, "input_length": 10, "output_length": 1}\n',
+    )
+    info = scan(Trace(path))
+    assert (info.rows, info.bad) == (2, 2)
+    assert info.bad_lines[0].startswith("line 2: not JSON")
+    assert info.bad_lines[1].startswith("line 3: input_length")
+
+
+@pytest.mark.parametrize(
+    ("text", "fmt", "said"),
+    [
+        ("just some words\nmore\n", "auto", "line 1: not a trace"),
+        ("Timestamp,Request tokens\n1,2\n", "burstgpt", r"lacks column\(s\) Response tokens"),
+        ('{"foo": 1}\n', "auto", "without timestamp and input_length"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n", "mooncake", "not a mooncake trace"),
+        ("", "auto", "line 1: empty"),
+    ],
+)
+def test_a_file_that_is_not_a_trace_is_refused_naming_file_and_line(
+    tmp_path: Path, text: str, fmt: str, said: str
+) -> None:
+    path = write(tmp_path, "x.txt", text)
+    with pytest.raises(ConfigError, match=said) as err:
+        Trace(path, fmt)
+    assert path in str(err.value)
+
+
+def test_a_trace_without_good_rows_is_refused_with_the_first_bad_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "b.csv", BURST_HEADER + "x,m,1,2,3,l\n")
+    with pytest.raises(ConfigError, match=r"no rows to replay .*line 2: Timestamp 'x'"):
+        scan(Trace(path))
+
+
+def test_a_timestamp_stepping_back_is_refused_naming_its_line_unless_a_window_sorts_it(tmp_path: Path) -> None:
+    rows = [{"timestamp": t, "input_length": 1, "output_length": 1} for t in (0, 20, 10, 30)]
+    path = mooncake(tmp_path, rows)
+    with pytest.raises(ConfigError, match=r"line 3: the timestamp steps back"):
+        scan(Trace(path))
+    sorted_rows, _ = rows_of(path, sort_window=2)
+    assert [r.t for r in sorted_rows] == [0.0, 0.01, 0.02, 0.03]
+    far = mooncake(
+        tmp_path, [{"timestamp": t, "input_length": 1, "output_length": 1} for t in (10, 20, 30, 0)], "f.jsonl"
+    )
+    with pytest.raises(ConfigError, match=r"line 4: the timestamp steps back further than the 2-row sort window"):
+        scan(Trace(far, sort_window=2))
+
+
+def test_soakd_request_log_is_read_in_intended_order(tmp_path: Path) -> None:
+    """Written at completion (out of order), read back sorted by intended time."""
+    lines = [{"soakd_request_log": 1, "api": "model"}]
+    lines += [{"t": t, "in": n, "out": None, "shape": [n], "outcome": "ok"} for t, n in ((0.2, 5), (0.1, 4), (0.3, 6))]
+    path = write(tmp_path, "log.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
+    rows, _ = rows_of(path)
+    assert Trace(path).format == "soakd"
+    assert [(r.t, r.input_tokens, r.shape) for r in rows] == [(0.1, 4, (4,)), (0.2, 5, (5,)), (0.3, 6, (6,))]
+
+
+def test_rows_sharing_hash_ids_share_their_prompt_prefix() -> None:
+    cfg = load_config(None, {"load.replay_block_tokens": 16, "target.api": "openai", "load.rate": 1})
+    size = PromptSizer(cfg)
+    _, a = size(Row(0.0, 40, 5, 1, (7, 8, 9)))
+    _, b = size(Row(0.0, 40, 3, 2, (7, 8, 10)))
+    _, c = size(Row(0.0, 40, 3, 3, None))
+    assert a.text is not None and b.text is not None and c.text is not None
+    block_words = 12  # 16 tokens at 0.75 words each
+    assert a.text.split()[: 2 * block_words] == b.text.split()[: 2 * block_words]
+    assert a.text.split()[2 * block_words :] != b.text.split()[2 * block_words :]  # blocks 9 and 10 differ
+    assert c.text.split()[:block_words] != a.text.split()[:block_words]
+    assert len(a.text.split()) == 30  # 40 tokens at 0.75 words each
+    assert (a.input_tokens, a.max_tokens, b.max_tokens) == (40, 5, 3)
+
+
+def test_the_request_log_stops_at_its_size_limit_and_reads_back_as_a_trace(tmp_path: Path) -> None:
+    """--record-requests: the file never passes output.record_max_bytes; what it holds is a
+    soakd trace whose rows keep each request's intended time and size."""
+    path = tmp_path / "requests.jsonl"
+    rec = RequestRecorder(str(path), 4096, api="openai")
+    rec.origin = 100.0
+    rec.add([Request(100.0 + i / 1000, 0.0, None, Prompt("x", None, 10 + i, 3)) for i in range(500)], "ok")
+    out = rec.close()
+    assert path.stat().st_size <= 4096 and out["stopped_at_limit"]
+    assert out["requests"] + out["lost"] == 500 and out["requests"] > 10
+    rows, _ = rows_of(str(path))
+    assert [(r.t, r.input_tokens, r.output_tokens) for r in rows[:2]] == [(0.0, 10, 3), (0.001, 11, 3)]
+    assert len(rows) == out["requests"]
