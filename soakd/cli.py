@@ -130,6 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SRC",
         help="one soak per GPU: state dirs and report/summary/fleet JSONs; exit 1 when any GPU fails",
     )
+    where.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="SRC",
+        help="one soak, many drivers (--shard, --workers): state dirs and report/summary/merged JSONs "
+        "merged into one report; exit 1 when its gate fails or a shard is missing or failed",
+    )
     report.add_argument("--run-id", metavar="ID", help="default: the most recent run")
     report.add_argument("--format", choices=("json", "html", "md"), default="json")
     report.add_argument("--output", metavar="FILE", help="default: stdout")
