@@ -32,6 +32,12 @@ RUN_FLAGS: dict[str, tuple[str, dict[str, Any], str]] = {
     "--rate": ("load.rate", {"metavar": "RPS"}, "open loop: arrivals per second, latency from the intended send"),
     "--arrival": ("load.arrival", {"metavar": "constant|poisson|gamma"}, "open loop's arrival process"),
     "--burstiness": ("load.burstiness", {"metavar": "K"}, "gamma arrivals: squared coefficient of variation"),
+    "--shard": ("load.shard", {"metavar": "I/N"}, "shard I of one soak split over N drivers (hosts, pods)"),
+    "--start-at": (
+        "load.start_at",
+        {"metavar": "INSTANT"},
+        "wall-clock instant every shard's schedule counts from (ISO 8601 with a zone, or unix seconds)",
+    ),
     "--duration": ("load.duration", {"metavar": "DUR"}, "how long to soak, e.g. 90s, 24h (none: until stopped)"),
     "--max-batch-size": ("batcher.max_batch_size", {"metavar": "N"}, "dynamic batcher: requests per batch at most"),
     "--max-queue-delay-ms": (

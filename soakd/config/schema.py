@@ -38,6 +38,12 @@ class LoadConfig:
     duration: float | None = _duration(None)  # None: run until stopped
     drain_timeout: float = _duration(10.0)  # what is still queued then is dropped (counted)
     seed: int = 0
+    # "I/N": this driver is shard I of one soak split over N drivers (hosts, pods): it sends the
+    # arrivals of the soak's one process whose index is I mod N (a Poisson process thinned by
+    # index, so the shards' arrivals interleave as one process's) or its share of concurrency.
+    shard: str = ""
+    # A wall-clock instant (ISO 8601 or unix seconds) every shard's schedule counts from; "": now.
+    start_at: str = ""
 
     @property
     def open_loop(self) -> bool:

@@ -13,11 +13,12 @@ from soakd.config.bounds import (
     MAX_INT,
     MAX_RATE,
     MAX_RESAMPLES,
+    MAX_SHARDS,
     MIN_FLUSH_INTERVAL,
     MIN_MEMORY_INTERVAL,
     MIN_TIMER,
 )
-from soakd.config.parse import check_run_id, parse_host_port, parse_output_tokens
+from soakd.config.parse import check_run_id, parse_host_port, parse_instant, parse_output_tokens, parse_shard
 from soakd.config.schema import (
     BatcherConfig,
     CompareConfig,
@@ -135,6 +136,16 @@ def _validate_load(ld: LoadConfig) -> None:
     )
     _require(ld.max_inflight >= 1, f"load.max_inflight: must be >= 1, got {ld.max_inflight}")
     _require(0 <= ld.seed <= MAX_INT, f"load.seed: must be within [0, {MAX_INT}] (numpy seeds), got {ld.seed}")
+    shard = parse_shard(ld.shard)
+    parse_instant(ld.start_at)
+    if shard is not None:
+        _require(shard[1] <= MAX_SHARDS, f"load.shard: at most {MAX_SHARDS} shards, got {ld.shard!r}")
+    if shard is not None and ld.concurrency is not None:
+        _require(
+            ld.concurrency >= shard[1],
+            f"load.concurrency: {ld.concurrency} is less than the {shard[1]} shards of load.shard {ld.shard!r} "
+            "(each shard drives at least one request in flight)",
+        )
 
 
 def _validate_batcher(b: BatcherConfig, daemon: DaemonConfig) -> None:

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from soakd.config import SloConfig, load_config
-from soakd.errors import Exit, StateError
+from soakd.config.parse import parse_shard
+from soakd.errors import ConfigError, Exit, StateError
 from soakd.report.fleet import FleetSourceError, GpuRun, Hists, hists_to_json, load_sources, merge_hists
 from soakd.report.slo import error_ratio, slo_block
 from soakd.report.sources import saved_summary
@@ -61,18 +62,6 @@ class Part:
         return f"shard{'s' if len(self.shards) > 1 else ''} {','.join(map(str, self.shards))}/{self.count}"
 
 
-def parse_shard(text: Any) -> tuple[int, int] | None:
-    """``"I/N"`` as (I, N) with 0 <= I < N; None for "" or anything else (validated at run time)."""
-    if not isinstance(text, str) or "/" not in text:
-        return None
-    i, _, n = text.partition("/")
-    try:
-        index, count = int(i), int(n)
-    except ValueError:
-        return None
-    return (index, count) if 0 <= index < count else None
-
-
 def _shards_of(data: dict[str, Any]) -> tuple[tuple[int, ...], int | None]:
     """The shards a report holds: a merged one's entries, else its run's ``load.shard``."""
     merge, entries = data.get("merge"), data.get("shards")
@@ -85,7 +74,11 @@ def _shards_of(data: dict[str, Any]) -> tuple[tuple[int, ...], int | None]:
             raise ValueError(f"merge.shards_expected and shards[].shards: not shards of --shard I/{count}")
         return tuple(sorted(held)), count
     config: dict[str, Any] = (data.get("run") or {}).get("config") or {}
-    shard = parse_shard((config.get("load") or {}).get("shard"))
+    text = (config.get("load") or {}).get("shard")
+    try:
+        shard = parse_shard(text) if isinstance(text, str) else None
+    except ConfigError:  # not a shard soakd wrote; a run with it never started
+        shard = None
     return ((shard[0],), shard[1]) if shard else ((), None)
 
 

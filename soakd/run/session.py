@@ -30,6 +30,7 @@ from soakd.run import steps
 from soakd.run.health import Health
 from soakd.run.lifecycle import Lifecycle
 from soakd.run.prepare import Preparation, prepare
+from soakd.run.shard import wait_for_start
 from soakd.run.status import status_document
 from soakd.run.stop import StopFlag
 from soakd.run.summary import build_summary, print_summary, status_line
@@ -90,6 +91,7 @@ class RunSession:
         self._overload_ticks = 0
         self._overloaded = False
         self._last_queued = 0
+        self.shard: dict[str, Any] | None = None  # the summary's shard block (run/shard.py)
 
     # ------------------------------------------------------------------ the whole run
 
@@ -178,6 +180,9 @@ class RunSession:
         if offline is not None and "page_faults_per_call" in offline:
             probe_faults = self._probe_faults = offline["page_faults_per_call"]
             self._faults_warned = fault_warning(probe_faults, offline["kernel_time_ratio"]) is not None
+        self.shard = wait_for_start(self.cfg, self.stop.event)  # --shard/--start-at: the clock, the start
+        if self.stop.event.is_set():
+            return self._stopped_early(life, "the wait for --start-at")
         run_fp = prep.fingerprint(life.run_id)
         ready = _Prepared(prep.target, source, run_fp, prep.cold_start(warm), offline, self.target_summary)
         return self._soak(life, ready, series, telemetry)
@@ -240,6 +245,8 @@ class RunSession:
             offline=offline,
             target=prep.target_summary() if prep.target_summary is not None else None,
         )
+        if self.shard is not None:
+            summary["shard"] = self.shard
         if cfg.output.summary_json:
             write_json_atomic(cfg.output.summary_json, summary)
             log.info("summary written to %s", cfg.output.summary_json)
@@ -277,8 +284,10 @@ class RunSession:
 
     def _tick_until_done(self, life: Lifecycle, engine: Engine, windows: WindowRecorder) -> None:
         cfg = self.cfg
-        # A resumed run only runs what is left of its duration.
-        deadline = None if cfg.load.duration is None else time.monotonic() + life.remaining(cfg.load.duration)
+        # A resumed run only runs what is left of its duration; a shard that started after
+        # --start-at ends with the others.
+        late = float((self.shard or {}).get("late_seconds") or 0.0)
+        deadline = None if cfg.load.duration is None else time.monotonic() + life.remaining(cfg.load.duration) - late
         interval = cfg.metrics.status_interval
         next_status = time.monotonic() + interval
         last = engine.stats()
