@@ -24,7 +24,7 @@ from soakd.config import ConfigError, load_config
 from soakd.config.parse import parse_instant
 from soakd.load.arrivals import gaps, shard_gaps
 from soakd.load.executors import ClosedLoop
-from soakd.run.shard import measure_skew
+from soakd.run.shard import measure_skew, one_watcher
 from tests.conftest import REPO, free_port, soakd_cmd
 
 SERVER = REPO / "tests" / "http_target_server.py"
@@ -71,6 +71,22 @@ def test_start_at_reads_iso_and_unix_seconds() -> None:
     assert parse_instant("2026-12-05T14:00:00Z") == parse_instant("2026-12-05T15:00:00+01:00") == 1796479200.0
     assert parse_instant("1796479200.5") == 1796479200.5
     assert parse_instant("") is None
+
+
+def test_only_shard_0_watches_the_servers_memory() -> None:
+    over = {
+        "target.url": "http://lb:8000/v1",
+        "target.api": "openai",
+        "input.shapes": "seq:fixed(n=128)",
+        "load.rate": "100",
+    }
+    watch = {"target.scrape": ["http://lb:8000/metrics"], "target.watch_pid": ["4242"]}
+    first = one_watcher(load_config(None, {**over, **watch, "load.shard": "0/4"}))
+    assert first.target.scrape == ["http://lb:8000/metrics"] and first.target.watch_pid == [4242]
+    other = one_watcher(load_config(None, {**over, **watch, "load.shard": "3/4"}))
+    assert other.target.scrape == [] and other.target.watch_pid == [] and other.target.url == "http://lb:8000/v1"
+    alone = one_watcher(load_config(None, {**over, **watch}))
+    assert alone.target.scrape == ["http://lb:8000/metrics"]
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ from soakd.run import steps
 from soakd.run.health import Health
 from soakd.run.lifecycle import Lifecycle
 from soakd.run.prepare import Preparation, prepare
-from soakd.run.shard import wait_for_start
+from soakd.run.shard import one_watcher, remaining, wait_for_start
 from soakd.run.status import status_document
 from soakd.run.stop import StopFlag
 from soakd.run.summary import build_summary, print_summary, status_line
@@ -53,7 +53,7 @@ OVERLOAD_TICKS = 3  # the queue grew this many status ticks in a row: offered lo
 
 def run(cfg: Config, *, out: TextIO = sys.stdout, stop: StopFlag | None = None) -> int:
     """Run a soak per ``cfg``; returns the process exit code."""
-    return RunSession(cfg, out, stop or StopFlag()).run()
+    return RunSession(one_watcher(cfg), out, stop or StopFlag()).run()
 
 
 @dataclass
@@ -284,10 +284,11 @@ class RunSession:
 
     def _tick_until_done(self, life: Lifecycle, engine: Engine, windows: WindowRecorder) -> None:
         cfg = self.cfg
-        # A resumed run only runs what is left of its duration; a shard that started after
-        # --start-at ends with the others.
-        late = float((self.shard or {}).get("late_seconds") or 0.0)
-        deadline = None if cfg.load.duration is None else time.monotonic() + life.remaining(cfg.load.duration) - late
+        # A resumed run only runs what is left of its duration; with --start-at the duration
+        # counts from that instant, so a late or restarted shard ends with the others.
+        deadline = None
+        if cfg.load.duration is not None:
+            deadline = time.monotonic() + remaining(cfg, life.remaining(cfg.load.duration))
         interval = cfg.metrics.status_interval
         next_status = time.monotonic() + interval
         last = engine.stats()

@@ -9,6 +9,7 @@ offset from the one clock every shard talks to (the target's), to a few tens of 
 
 from __future__ import annotations
 
+import dataclasses
 import email.utils
 import logging
 import threading
@@ -70,6 +71,28 @@ def measure_skew(url: str, timeout: float = 2.0, clock: Any = time.time) -> dict
     # No tick seen: the Date says the server's time was within [first, first + 1) at ``before``.
     block["skew_seconds"], block["error_seconds"] = round(before - first - 0.5, 4), 0.5
     return block
+
+
+def remaining(cfg: Config, otherwise: float) -> float:
+    """Seconds left of ``load.duration``: from ``--start-at`` when it is set (every shard ends at
+    start + duration, however late it began or how often it was restarted), else ``otherwise``
+    (the duration less what earlier segments of a resumed run already ran)."""
+    start_at = parse_instant(cfg.load.start_at)
+    if start_at is None or cfg.load.duration is None:
+        return otherwise
+    return max(0.0, start_at + cfg.load.duration - time.time())
+
+
+def one_watcher(cfg: Config) -> Config:
+    """The server's memory is one per soak: shard 0 watches it (``--scrape``, ``--watch-pid``,
+    ``--watch-unit``) and the other shards leave it alone, so its leak verdict is judged once
+    and the server is scraped once, whatever the number of shards. Each shard still samples
+    its own memory (the driver's)."""
+    shard, tg = parse_shard(cfg.load.shard), cfg.target
+    if shard is None or shard[0] == 0 or not (tg.scrape or tg.watch_pid or tg.watch_unit):
+        return cfg
+    log.info("shard %d/%d: the server's memory is shard 0's to watch; not scraping or sampling it here", *shard)
+    return dataclasses.replace(cfg, target=dataclasses.replace(tg, scrape=[], watch_pid=[], watch_unit=[]))
 
 
 def wait_for_start(cfg: Config, stop: threading.Event) -> dict[str, Any] | None:
