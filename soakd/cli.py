@@ -32,6 +32,7 @@ RUN_FLAGS: dict[str, tuple[str, dict[str, Any], str]] = {
     "--rate": ("load.rate", {"metavar": "RPS"}, "open loop: arrivals per second, latency from the intended send"),
     "--arrival": ("load.arrival", {"metavar": "constant|poisson|gamma"}, "open loop's arrival process"),
     "--burstiness": ("load.burstiness", {"metavar": "K"}, "gamma arrivals: squared coefficient of variation"),
+    "--workers": ("load.workers", {"metavar": "N"}, "N driver processes on this host, one soak (--target only)"),
     "--shard": ("load.shard", {"metavar": "I/N"}, "shard I of one soak split over N drivers (hosts, pods)"),
     "--start-at": (
         "load.start_at",
@@ -294,6 +295,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from soakd.run.sweep import sweep_command  # lazy: only the subcommand's own modules load
 
             return sweep_command(cfg, ns)
+        if cfg.load.workers > 1:
+            from soakd.run.workers import run_workers  # lazy: the parent of driver processes loads no model code
+
+            return run_workers(cfg, overrides, {key: flag for flag, (key, _, _) in RUN_FLAGS.items()}, ns.config)
         from soakd.run.session import run  # lazy: only the subcommand's own modules load
 
         return run(cfg)

@@ -15,6 +15,9 @@ MAX_BURSTINESS = 100.0
 # A shard of --shard I/N draws every arrival of the soak's one process (vectorised) and keeps one
 # in N: past 4096 shards it would draw thousands of gaps per request it sends.
 MAX_SHARDS = 4096
+# --workers: driver processes on one host, each about one core busy at its limit; past 64 a
+# host's cores run out long before the parent's scrape of every worker each flush does.
+MAX_WORKERS = 64
 REQUEST_BYTES = 512  # one request in flight: its record (slots), timings and queue entries
 TENSOR_OVERHEAD_BYTES = 1024  # a pooled tensor's Python and torch objects, beside its data
 RING_SERIES = 32  # memory series soakd keeps a ring for (its own, the GPU's, scraped gauges)

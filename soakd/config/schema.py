@@ -44,6 +44,9 @@ class LoadConfig:
     shard: str = ""
     # A wall-clock instant (ISO 8601 or unix seconds) every shard's schedule counts from; "": now.
     start_at: str = ""
+    # N driver processes on this host, one soak (a served model: --target): each shard I of N,
+    # the parent merging their histograms into one /metrics and one summary.
+    workers: int = 1
 
     @property
     def open_loop(self) -> bool:

@@ -14,6 +14,7 @@ from soakd.config.bounds import (
     MAX_RATE,
     MAX_RESAMPLES,
     MAX_SHARDS,
+    MAX_WORKERS,
     MIN_FLUSH_INTERVAL,
     MIN_MEMORY_INTERVAL,
     MIN_TIMER,
@@ -79,6 +80,7 @@ def validate(cfg: Config) -> None:
     _validate_model(cfg.model)
     _check_durations(cfg)
     _validate_load(cfg.load)
+    _validate_workers(cfg)
     _validate_batcher(cfg.batcher, cfg.daemon)
     _validate_input(cfg.input, cfg.model)
     parse_host_port(cfg.metrics.addr)
@@ -145,6 +147,23 @@ def _validate_load(ld: LoadConfig) -> None:
             ld.concurrency >= shard[1],
             f"load.concurrency: {ld.concurrency} is less than the {shard[1]} shards of load.shard {ld.shard!r} "
             "(each shard drives at least one request in flight)",
+        )
+
+
+def _validate_workers(cfg: Config) -> None:
+    ld = cfg.load
+    _require(
+        1 <= ld.workers <= MAX_WORKERS, f"load.workers: must be within [1, {MAX_WORKERS}] processes, got {ld.workers}"
+    )
+    if ld.workers > 1:
+        _require(
+            cfg.target.url is not None,
+            "load.workers: driver processes are for a served model (--target); a model in soakd's own "
+            "process takes more threads instead (batcher.instances)",
+        )
+        _require(
+            not ld.shard,
+            f"load.workers and load.shard: choose one (--workers splits this host's share; got shard {ld.shard!r})",
         )
 
 

@@ -136,7 +136,8 @@ def _time_range(data: dict[str, Any]) -> tuple[str | None, str | None]:
 def failure(part: Part) -> str | None:
     """Why a part cannot stand for its share of the soak, or None."""
     data = part.data
-    if data.get("finished") is False:  # a state dir whose run never reached its end
+    segments: list[dict[str, Any]] = data.get("segments") or []
+    if segments and segments[-1].get("ended_at") is None:  # no end recorded: no clean stop (SIGTERM is one)
         return "did not finish (killed, crashed or still running)"
     failed = (data.get("merge") or {}).get("failed_shards")
     if failed:  # a merged JSON of parts that already failed

@@ -180,7 +180,7 @@ class RunSession:
         if offline is not None and "page_faults_per_call" in offline:
             probe_faults = self._probe_faults = offline["page_faults_per_call"]
             self._faults_warned = fault_warning(probe_faults, offline["kernel_time_ratio"]) is not None
-        self.shard = wait_for_start(self.cfg, self.stop.event)  # --shard/--start-at: the clock, the start
+        self.cfg, self.shard = wait_for_start(self.cfg, self.stop.event)  # --shard/--start-at: clock, start
         if self.stop.event.is_set():
             return self._stopped_early(life, "the wait for --start-at")
         run_fp = prep.fingerprint(life.run_id)

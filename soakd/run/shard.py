@@ -12,10 +12,12 @@ from __future__ import annotations
 import dataclasses
 import email.utils
 import logging
+import os
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 from soakd.config import Config
@@ -26,6 +28,8 @@ log = logging.getLogger("soakd.shard")
 POLL = 0.02  # seconds between Date reads: the skew's error is about half of this plus the RTT
 SKEW_WARN = 0.1  # seconds: past this the shards' arrivals interleave visibly less well
 MAX_POLL_SECONDS = 1.5  # a Date that has not ticked over in this long is from a stuck server
+START_GATE_ENV = "SOAKD_START_GATE"  # set by a --workers parent: the file its start instant appears in
+GATE_POLL = 0.05
 
 
 def _date_of(url: str, timeout: float) -> float | None:
@@ -95,13 +99,36 @@ def one_watcher(cfg: Config) -> Config:
     return dataclasses.replace(cfg, target=dataclasses.replace(tg, scrape=[], watch_pid=[], watch_unit=[]))
 
 
-def wait_for_start(cfg: Config, stop: threading.Event) -> dict[str, Any] | None:
+def await_gate(gate: Path, stop: threading.Event) -> str | None:
+    """A ``--workers`` worker's start: say it is ready (``<gate>.ready``), then wait for the
+    parent to write the one instant every worker starts from into ``<gate>`` (it does once all
+    are ready; a restarted worker finds it there). None when stopped first."""
+    gate.with_name(gate.name + ".ready").touch()
+    while not stop.is_set():
+        try:
+            text = gate.read_text().strip()
+        except OSError:
+            text = ""
+        if text:
+            return text
+        stop.wait(GATE_POLL)
+    return None
+
+
+def wait_for_start(cfg: Config, stop: threading.Event) -> tuple[Config, dict[str, Any] | None]:
     """Measure the clock, then wait for ``--start-at`` (``stop`` cuts the wait short). The
-    summary's ``shard`` block: which shard, the start, the clock's skew and how late this
-    driver started (a late shard joins the schedule where it stands). None: not sharded."""
+    config to run (a ``--workers`` worker's start instant in it) and the summary's ``shard``
+    block: which shard, the start, the clock's skew and how late this driver started (a late
+    shard joins the schedule where it stands). None: not sharded."""
+    gate = os.environ.get(START_GATE_ENV)
+    if gate and not cfg.load.start_at:
+        instant = await_gate(Path(gate), stop)
+        if instant is None:
+            return cfg, None
+        cfg = dataclasses.replace(cfg, load=dataclasses.replace(cfg.load, start_at=instant))
     shard, start_at = parse_shard(cfg.load.shard), parse_instant(cfg.load.start_at)
     if shard is None and start_at is None:
-        return None
+        return cfg, None
     block: dict[str, Any] = {
         "index": shard[0] if shard else None,
         "count": shard[1] if shard else None,
@@ -118,16 +145,18 @@ def wait_for_start(cfg: Config, stop: threading.Event) -> dict[str, Any] | None:
             skew,
             block["clock"]["source"],
         )
-    late = 0.0
-    if start_at is not None:
-        delay = start_at - time.time()
-        if delay > 0:
-            log.info("waiting %.1f s for --start-at %s", delay, cfg.load.start_at)
-            stop.wait(delay)
-        else:
-            late = -delay
-            log.warning(
-                "started %.1f s after --start-at %s: joining the schedule where it stands", late, cfg.load.start_at
-            )
-    block["late_seconds"] = round(late, 3)
-    return block
+    block["late_seconds"] = round(_wait_until(start_at, cfg.load.start_at, stop), 3)
+    return cfg, block
+
+
+def _wait_until(start_at: float | None, text: str, stop: threading.Event) -> float:
+    """Wait for ``start_at``; how late this driver is for it (0 when on time)."""
+    if start_at is None:
+        return 0.0
+    delay = start_at - time.time()
+    if delay > 0:
+        log.info("waiting %.1f s for --start-at %s", delay, text)
+        stop.wait(delay)
+        return 0.0
+    log.warning("started %.1f s after --start-at %s: joining the schedule where it stands", -delay, text)
+    return -delay
