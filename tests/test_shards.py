@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -24,8 +25,8 @@ from soakd.config import ConfigError, load_config
 from soakd.config.parse import parse_instant
 from soakd.load.arrivals import gaps, shard_gaps
 from soakd.load.executors import ClosedLoop
-from soakd.run.shard import measure_skew, one_watcher
-from tests.conftest import REPO, free_port, soakd_cmd
+from soakd.run.shard import START_GATE_ENV, measure_skew, one_watcher
+from tests.conftest import REPO, free_port, soakd_cmd, wait_for
 
 SERVER = REPO / "tests" / "http_target_server.py"
 
@@ -114,25 +115,33 @@ DURATION = 5.0
 def test_two_shards_from_one_start_interleave_as_one_poisson_process(
     target: tuple[str, subprocess.Popen[str]], tmp_path: Path
 ) -> None:
-    """Two shard processes, one --start-at: at the server their requests are the soak's one
+    """Two shard processes, one start instant: at the server their requests are the soak's one
     seeded Poisson schedule (nine in ten expected arrivals met within 5 ms) and their gaps are
     exponential at the soak's rate; each shard reports its clock and its half; the two state
-    dirs merge into the whole soak."""
+    dirs merge into the whole soak. The instant comes through the start gate a --workers parent
+    uses (written once both are up: a process start here can take half a minute on a busy
+    machine), from where it is --start-at's path: it becomes load.start_at."""
     url, _ = target
     bodies = tmp_path / "bodies"
     bodies.mkdir()
     (bodies / "a.json").write_text('{"x": 1}')
-    start_at = time.time() + 20.0  # both processes up (torch imported) before, on a busy machine too
     procs = []
     for i in range(2):
         args = [
             "--target", url + "/ok", "--api", "http", "--samples", str(bodies), "--warmup", "2",
-            "--rate", str(RATE), "--shard", f"{i}/2", "--start-at", f"{start_at:.3f}", "--duration", f"{DURATION}s",
+            "--rate", str(RATE), "--shard", f"{i}/2", "--duration", f"{DURATION}s",
             "--state-dir", str(tmp_path / f"s{i}"), "--summary-json", str(tmp_path / f"s{i}.json"),
             "--metrics-addr", f"127.0.0.1:{free_port()}",
         ]  # fmt: skip
+        env = {**os.environ, START_GATE_ENV: str(tmp_path / f"start-{i}")}
         cmd = soakd_cmd("run", *args)
-        procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        )
+    wait_for(lambda: all((tmp_path / f"start-{i}.ready").exists() for i in range(2)), 180, what="both shards up")
+    start_at = time.time() + 1.0
+    for i in range(2):
+        (tmp_path / f"start-{i}").write_text(f"{start_at:.3f}\n")
     for p in procs:
         out, _ = p.communicate(timeout=90)
         assert p.returncode == 0, out[-3000:]
