@@ -24,7 +24,7 @@ from scipy import stats
 from soakd.config import ConfigError, load_config
 from soakd.config.parse import parse_instant
 from soakd.load.arrivals import gaps, shard_gaps
-from soakd.load.executors import ClosedLoop
+from soakd.load.executors import ClosedLoop, OpenLoop
 from soakd.run.shard import START_GATE_ENV, measure_skew, one_watcher
 from tests.conftest import REPO, free_port, soakd_cmd, wait_for
 
@@ -173,3 +173,34 @@ def test_two_shards_from_one_start_interleave_as_one_poisson_process(
     assert doc["merge"]["complete"] and doc["merge"]["shards_expected"] == 2
     assert sum(doc["requests"].values()) == sum(sent)
     assert [e["clock_skew_seconds"] for e in doc["shards"]] == [s["shard"]["clock_skew_seconds"] for s in summaries]
+
+
+class _Clock:
+    """What OpenLoop._schedule reads of the engine: its clock and when it started."""
+
+    def __init__(self, started_at: float) -> None:
+        self.started_at = started_at
+
+    def clock(self) -> float:
+        return self.started_at
+
+
+def test_a_shard_that_starts_late_joins_the_schedule_where_it_stands() -> None:
+    """10 s after --start-at, shard 1/2 skips the arrivals that fell due and sends next the
+    first of its own that the one process has after now: still in step with the other shard."""
+    rate = 100.0
+    cfg = load_config(None, {"load.rate": str(rate), "load.shard": "1/2", "load.start_at": f"{time.time() - 10:.6f}"})
+    loop = OpenLoop(cfg.load)
+    engine = _Clock(started_at=1000.0)
+    start_at = parse_instant(cfg.load.start_at)
+    assert start_at is not None
+    before = time.time()
+    _, first = loop._schedule(engine)  # type: ignore[arg-type]
+    now = before - start_at  # where the schedule stood at the call (to a few ms)
+    sent = first - engine.started_at + now  # the first send, in the schedule's time
+    one = np.cumsum(list(itertools.islice(gaps(1.0, "poisson", seed=0), 5000))) / rate
+    mine = one[1::2]  # shard 1 of 2: arrivals 1, 3, 5, ...
+    k = int(np.argmin(np.abs(mine - sent)))
+    assert abs(mine[k] - sent) < 0.01  # one of its own arrivals of the one process
+    assert loop.skipped == k  # every one before it skipped, ...
+    assert mine[k - 1] < now + 0.01 and mine[k] >= now - 0.01  # ... and those alone: they were past
