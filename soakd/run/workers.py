@@ -152,7 +152,8 @@ def _supervise(workers: list[Worker], merged: MergedMetrics, stop: StopFlag, cfg
     drain_deadline: float | None = None
     opened = bool(cfg.load.start_at)
     while not all(w.done for w in workers):
-        if not opened and all(w.gate.with_name("start.ready").exists() for w in workers):
+        # A worker that stays down for good (past its restarts) must not hold the others back.
+        if not opened and all(w.done or w.gate.with_name("start.ready").exists() for w in workers):
             # Every worker is loaded and warmed up: one instant for all, a moment ahead.
             instant = f"{time.time() + START_MARGIN:.3f}"
             for w in workers:
