@@ -31,6 +31,9 @@ RUN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--rate": ("load.rate", {"metavar": "RPS"}),
     "--arrival": ("load.arrival", {"metavar": "constant|poisson|gamma"}),
     "--burstiness": ("load.burstiness", {"metavar": "K"}),
+    "--workers": ("load.workers", {"metavar": "N"}),
+    "--shard": ("load.shard", {"metavar": "I/N"}),
+    "--start-at": ("load.start_at", {"metavar": "INSTANT"}),
     "--duration": ("load.duration", {"metavar": "DUR"}),
     "--max-batch-size": ("batcher.max_batch_size", {"metavar": "N"}),
     "--max-queue-delay-ms": ("batcher.max_queue_delay_ms", {"metavar": "MS"}),
@@ -121,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         metavar="SRC",
         help="one soak per GPU: state dirs and report/summary/fleet JSONs; exit 1 when any GPU fails",
+    )
+    where.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="SRC",
+        help="one soak, many drivers (--shard, --workers): state dirs and report/summary/merged JSONs "
+        "merged into one report; exit 1 when its gate fails or a shard is missing or failed",
     )
     report.add_argument("--run-id", metavar="ID", help="default: the most recent run")
     report.add_argument("--format", choices=("json", "html", "md"), default="json")
@@ -273,6 +283,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from soakd.run.sweep import sweep_command  # lazy: only the subcommand's own modules load
 
             return sweep_command(cfg, ns)
+        if cfg.load.workers > 1:
+            from soakd.run.workers import run_workers  # lazy: the parent of driver processes loads no model code
+
+            return run_workers(cfg, overrides, {key: flag for flag, (key, _) in RUN_FLAGS.items()}, ns.config)
         from soakd.run.session import run  # lazy: only the subcommand's own modules load
 
         return run(cfg)

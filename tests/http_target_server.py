@@ -4,16 +4,19 @@
 POST /ok answers 200; POST /mixed answers 200, 200, 404, 503 in turn; POST /stall answers 200,
 but every S seconds the whole server pauses MS milliseconds (a GC pause, a reload) and a request
 that arrives then waits it out. GET /stats: {"requests": n, "held": requests that waited on a
-pause}. GET /metrics: a Prometheus page (prometheus_client's own text format), as a vLLM or
-Triton server has: ``vllm:kv_cache_usage_perc`` rising by ``--creep PER_S`` from 0.2 (a
-server whose cache fills up), ``vllm:num_requests_waiting`` flat at 3, and the counter
-``nv_inference_queue_duration_us`` growing 1000 per POST. HEAD answers 200.
+pause}. GET /arrivals: the server's wall-clock time of each POST's arrival (the last 200,000),
+for tests of how drivers space their requests. GET /metrics: a Prometheus page
+(prometheus_client's own text format), as a vLLM or Triton server has:
+``vllm:kv_cache_usage_perc`` rising by ``--creep PER_S`` from 0.2 (a server whose cache fills
+up), ``vllm:num_requests_waiting`` flat at 3, and the counter ``nv_inference_queue_duration_us``
+growing 1000 per POST. HEAD answers 200.
 It prints "ready PORT" once it listens; keep-alive (HTTP/1.1).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import json
 import sys
@@ -31,6 +34,7 @@ class State:
         self.lock = threading.Lock()
         self.requests = 0
         self.held = 0
+        self.arrivals: collections.deque[float] = collections.deque(maxlen=200_000)
         self.mixed = itertools.cycle(MIXED)
         self.paused = threading.Event()
         self.resumed = threading.Condition()
@@ -79,6 +83,10 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+        elif self.path == "/arrivals":
+            with STATE.lock:
+                body = json.dumps(list(STATE.arrivals)).encode()
+            self._answer(200, body)
         elif self.path == "/stats":
             with STATE.lock:
                 body = json.dumps({"requests": STATE.requests, "held": STATE.held}).encode()
@@ -87,8 +95,10 @@ class Handler(BaseHTTPRequestHandler):
             self._answer(404)
 
     def do_POST(self) -> None:
+        arrived = time.time()
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         with STATE.lock:
+            STATE.arrivals.append(arrived)
             STATE.requests += 1
             QUEUE_US.labels("detector").inc(1000)
             status = next(STATE.mixed) if self.path == "/mixed" else 200

@@ -12,6 +12,12 @@ MAX_RATE = 1_000_000.0
 # Gamma gaps have shape 1/burstiness. At burstiness 100 (shape 0.01) one gap in 2,000 underflows
 # to exactly 0 in float64; at 1000, half of them do: arrivals in unbounded bursts at one instant.
 MAX_BURSTINESS = 100.0
+# A shard of --shard I/N draws every arrival of the soak's one process (vectorised) and keeps one
+# in N: past 4096 shards it would draw thousands of gaps per request it sends.
+MAX_SHARDS = 4096
+# --workers: driver processes on one host, each about one core busy at its limit; past 64 a
+# host's cores run out long before the parent's scrape of every worker each flush does.
+MAX_WORKERS = 64
 REQUEST_BYTES = 512  # one request in flight: its record (slots), timings and queue entries
 TENSOR_OVERHEAD_BYTES = 1024  # a pooled tensor's Python and torch objects, beside its data
 RING_SERIES = 32  # memory series soakd keeps a ring for (its own, the GPU's, scraped gauges)

@@ -56,6 +56,44 @@ def _parse_duration_text(value: str) -> float:
     return total
 
 
+def parse_shard(text: str, key: str = "load.shard") -> tuple[int, int] | None:
+    """``"I/N"`` -> (I, N) with 0 <= I < N; None for ""; ConfigError naming ``key`` otherwise."""
+    if not text.strip():
+        return None
+    i, sep, n = text.strip().partition("/")
+    if not (sep and i.isdigit() and n.isdigit() and int(i) < int(n)):
+        raise ConfigError(f"{key}: expected I/N with 0 <= I < N (shard I of N drivers), got {text!r}")
+    return int(i), int(n)
+
+
+def parse_instant(text: str, key: str = "load.start_at") -> float | None:
+    """A wall-clock instant as unix seconds: ISO 8601 with a zone (``2026-12-05T14:00:00Z``) or
+    unix seconds; None for ""; ConfigError naming ``key`` otherwise. A time without a zone is
+    refused: shards in different zones would read it as different instants."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = _iso_instant(text, key)
+    if not (math.isfinite(value) and 0 < value < 2**33):
+        raise ConfigError(f"{key}: {text!r} is not an instant between 1970 and 2242")
+    return value
+
+
+def _iso_instant(text: str, key: str) -> float:
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(
+            f"{key}: expected an ISO 8601 instant such as 2026-12-05T14:00:00Z or unix seconds, got {text!r}"
+        ) from None
+    if when.tzinfo is None:
+        raise ConfigError(f"{key}: {text!r} has no time zone (add Z or +HH:MM): every shard must read one instant")
+    return when.timestamp()
+
+
 MAX_RUN_ID = 128  # a run id names a folder and files in the state dir (NAME_MAX is 255)
 _RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 

@@ -18,6 +18,7 @@ from soakd.config.bounds import (
     MAX_INT,
     MAX_RATE,
     MAX_RESAMPLES,
+    MAX_WORKERS,
     MIN_FLUSH_INTERVAL,
     MIN_MEMORY_INTERVAL,
 )
@@ -108,6 +109,26 @@ class LoadConfig:
             why="the rows are held in memory",
         ),
     ] = 0
+    # Many drivers, one soak (docs/shards.md).
+    shard: Annotated[
+        str,
+        doc(
+            "shard I of one soak split over N drivers (hosts, pods), as I/N: the arrivals of the soak's one "
+            "process whose index is I mod N, or its share of concurrency (empty: the whole soak)"
+        ),
+    ] = ""
+    start_at: Annotated[
+        str, doc("wall-clock instant every shard's schedule counts from (ISO 8601 with a zone, or unix seconds)")
+    ] = ""
+    workers: Annotated[
+        int,
+        doc(
+            "driver processes on this host, one soak (a served model, --target): the parent merges them",
+            unit="processes",
+            ge=1,
+            le=MAX_WORKERS,
+        ),
+    ] = 1
 
     @property
     def open_loop(self) -> bool:

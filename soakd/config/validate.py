@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from soakd.config.bounds import MAX_RATE
-from soakd.config.parse import check_run_id, parse_host_port, parse_output_tokens
+from soakd.config.bounds import MAX_RATE, MAX_SHARDS
+from soakd.config.parse import check_run_id, parse_host_port, parse_instant, parse_output_tokens, parse_shard
 from soakd.config.schema import (
     BatcherConfig,
     Config,
@@ -49,6 +49,7 @@ def validate(cfg: Config) -> None:
     one every time."""
     _validate_model(cfg.model)
     _validate_load(cfg.load)
+    _validate_workers(cfg)
     _validate_batcher(cfg.batcher, cfg.daemon)
     _validate_input(cfg.input, cfg.model)
     parse_host_port(cfg.metrics.addr)
@@ -87,6 +88,30 @@ def _validate_load(ld: LoadConfig) -> None:
         "load.concurrency and load.rate: choose one (closed loop or open loop), not both",
     )
     _validate_replay(ld)
+    shard = parse_shard(ld.shard)
+    parse_instant(ld.start_at)
+    if shard is not None:
+        _require(shard[1] <= MAX_SHARDS, f"load.shard: at most {MAX_SHARDS} shards, got {ld.shard!r}")
+    if shard is not None and ld.concurrency is not None:
+        _require(
+            ld.concurrency >= shard[1],
+            f"load.concurrency: {ld.concurrency} is less than the {shard[1]} shards of load.shard {ld.shard!r} "
+            "(each shard drives at least one request in flight)",
+        )
+
+
+def _validate_workers(cfg: Config) -> None:
+    ld = cfg.load
+    if ld.workers > 1:
+        _require(
+            cfg.target.url is not None,
+            "load.workers: driver processes are for a served model (--target); a model in soakd's own "
+            "process takes more threads instead (batcher.instances)",
+        )
+        _require(
+            not ld.shard,
+            f"load.workers and load.shard: choose one (--workers splits this host's share; got shard {ld.shard!r})",
+        )
 
 
 def _validate_batcher(b: BatcherConfig, daemon: DaemonConfig) -> None:

@@ -4,19 +4,26 @@ else about how load arrives; :func:`executor_for` is the one place that picks.""
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from soakd.config import LoadConfig
-from soakd.load.arrivals import gaps
+from soakd.config.parse import parse_instant, parse_shard
+from soakd.load.arrivals import gaps, shard_gaps
 from soakd.request import Request
+
+log = logging.getLogger("soakd.load")
 
 # Open loop needs the arrivals thread to get the GIL back promptly after its sleep; the
 # default 5 ms switch interval would put up to 5 ms of lag on every send.
 _OPEN_LOOP_SWITCH_INTERVAL = 0.0005
+# A shard started this many arrivals after --start-at skips them one by one to stay in step
+# with the other shards; further behind, it starts its own schedule at once (and says so).
+MAX_SKIPPED_ARRIVALS = 5_000_000
 
 
 class Sender(Protocol):
@@ -58,9 +65,18 @@ class ClosedLoop:
     open_loop = False
     exhausted = False
 
-    def __init__(self, concurrency: int) -> None:
-        self._target = max(1, concurrency)
+    def __init__(self, concurrency: int, shard: tuple[int, int] | None = None) -> None:
+        self._shard = shard
+        self._target = self._share(concurrency)
         self._stopped = False
+
+    def _share(self, value: float) -> int:
+        """This shard's part of a soak's concurrency: N shards' parts add up to it."""
+        n = int(value)
+        if self._shard is not None:
+            index, count = self._shard
+            n = n // count + (1 if index < n % count else 0)
+        return max(1, n)
 
     @property
     def target_load(self) -> float:
@@ -69,7 +85,7 @@ class ClosedLoop:
     def set_load(self, value: float) -> None:
         """Raising it sends more at the next completion; lowering it lets completions go without
         a replacement until the count is down."""
-        self._target = max(1, int(value))
+        self._target = self._share(value)
 
     def start(self, engine: Sender) -> None:
         now = engine.clock()
@@ -98,17 +114,20 @@ class OpenLoop:
     def __init__(self, ld: LoadConfig) -> None:
         assert ld.rate is not None
         self.ld = ld
-        self._rate = float(ld.rate)
+        self._rate = float(ld.rate)  # the soak's rate: a shard sends 1/N of it
+        self._shard = parse_shard(ld.shard)
+        self._start_at = parse_instant(ld.start_at)
+        self.skipped = 0  # arrivals due before this driver started (a late shard), not sent
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._old_switch = sys.getswitchinterval()
 
     @property
     def target_load(self) -> float:
-        return self._rate
+        return self._rate / (self._shard[1] if self._shard else 1)
 
     def set_load(self, value: float) -> None:
-        """The arrivals thread spaces its next arrivals at this rate."""
+        """The soak's rate (a shard sends its part of it). The arrivals thread spaces its next arrivals at this rate."""
         if value <= 0:
             raise ValueError(f"rate must be > 0, got {value}")
         self._rate = float(value)
@@ -128,12 +147,36 @@ class OpenLoop:
             self._thread = None
         sys.setswitchinterval(self._old_switch)
 
+    def _schedule(self, engine: Sender) -> tuple[Iterator[float], float]:
+        """This driver's unit-rate gaps and its first intended send time (engine clock). With
+        ``--start-at`` the schedule counts from that instant, mapped onto the engine's clock, so
+        shards on many hosts share one; a shard that starts late skips what fell due before."""
+        ld = self.ld
+        if self._shard is None:
+            unit = gaps(1.0, ld.arrival, ld.burstiness, ld.seed)
+        else:
+            unit = shard_gaps(*self._shard, ld.arrival, ld.burstiness, ld.seed)
+        anchor = engine.started_at
+        if self._start_at is not None:
+            anchor = engine.clock() + (self._start_at - time.time())
+        next_t = anchor + next(unit) / self._rate
+        while next_t < engine.started_at and self.skipped < MAX_SKIPPED_ARRIVALS:
+            next_t += next(unit) / self._rate
+            self.skipped += 1
+        if next_t < engine.started_at:
+            log.warning(
+                "started %.0f s after --start-at: past %d skipped arrivals this shard no longer keeps step",
+                engine.started_at - anchor,
+                MAX_SKIPPED_ARRIVALS,
+            )
+            next_t = engine.started_at
+        return unit, next_t
+
     def _arrivals(self, engine: Sender) -> None:
         ld = self.ld
         # Gaps of a rate-1 process divided by the current rate: set_rate() takes effect at once.
-        unit = gaps(1.0, ld.arrival, ld.burstiness, ld.seed)
+        unit, next_t = self._schedule(engine)
         cap = ld.max_inflight
-        next_t = engine.started_at + next(unit) / self._rate
         lags: list[float] = []
         dropped = 0
         clock, stop = engine.clock, self._stop
@@ -167,4 +210,4 @@ def executor_for(ld: LoadConfig) -> Executor:
     trace's open loop is load/replay.py's, picked by the engine, which holds the trace)."""
     if ld.open_loop:
         return OpenLoop(ld)
-    return ClosedLoop(ld.concurrency or 1)
+    return ClosedLoop(ld.concurrency or 1, parse_shard(ld.shard))

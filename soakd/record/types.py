@@ -206,7 +206,11 @@ class RunRecord(Record):
     run_duration_seconds: Number | UnsetType | None = UNSET
     target: TargetBlock | UnsetType | None = UNSET
     slo: SloBlock | UnsetType | None = UNSET
-    record_requests: dict[str, Any] | UnsetType = UNSET  # --record-requests: the log's path, rows, bytes
+    record_requests: dict[str, Any] | UnsetType = UNSET
+    shard: dict[str, Any] | UnsetType = UNSET  # --shard I/N: which, its clock skew (docs/shards.md)
+    workers: list[dict[str, Any]] | dict[str, Any] | UnsetType = (
+        UNSET  # --workers N: each worker's health  # --record-requests: the log's path, rows, bytes
+    )
 
     # Reading: every accessor below answers for a summary, a report and older records alike.
 

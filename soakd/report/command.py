@@ -26,9 +26,14 @@ def report_command(ns: argparse.Namespace) -> int:
     with plots' data, memory verdicts and SLO checks (``--config``'s ``[slo]``, else the run's
     own). With --config the exit code is the gate's: 1 when an SLO is missed. A missing or
     damaged state database is a StateError (exit 2, naming the file). ``--fleet``: many runs,
-    one table per GPU (:mod:`soakd.report.fleet`)."""
+    one table per GPU (:mod:`soakd.report.fleet`); ``--merge``: one soak from many drivers
+    (:mod:`soakd.report.merge`)."""
     if getattr(ns, "fleet", None):
         return fleet_command(ns)
+    if getattr(ns, "merge", None):
+        from soakd.report.merge import merge_command  # one soak from many drivers: its own module
+
+        return merge_command(ns)
     slo = load_config(ns.config).slo if ns.config else None
     state = load_state(ns.state_dir, ns.run_id)
     if ns.format == "json" and not ns.config:

@@ -32,6 +32,7 @@ from soakd.run import steps
 from soakd.run.health import Health
 from soakd.run.lifecycle import Lifecycle
 from soakd.run.prepare import Preparation, prepare
+from soakd.run.shard import one_watcher, remaining, wait_for_start
 from soakd.run.status import status_document
 from soakd.run.stop import StopFlag
 from soakd.run.summary import build_summary, print_summary, status_line
@@ -54,7 +55,7 @@ OVERLOAD_TICKS = 3  # the queue grew this many status ticks in a row: offered lo
 
 def run(cfg: Config, *, out: TextIO = sys.stdout, stop: StopFlag | None = None) -> int:
     """Run a soak per ``cfg``; returns the process exit code."""
-    return RunSession(cfg, out, stop or StopFlag()).run()
+    return RunSession(one_watcher(cfg), out, stop or StopFlag()).run()
 
 
 @dataclass
@@ -92,6 +93,7 @@ class RunSession:
         self._overload_ticks = 0
         self._overloaded = False
         self._last_queued = 0
+        self.shard: dict[str, Any] | None = None  # the summary's shard block (run/shard.py)
 
     # ------------------------------------------------------------------ the whole run
 
@@ -180,6 +182,9 @@ class RunSession:
         if offline is not None and "page_faults_per_call" in offline:
             probe_faults = self._probe_faults = offline["page_faults_per_call"]
             self._faults_warned = fault_warning(probe_faults, offline["kernel_time_ratio"]) is not None
+        self.cfg, self.shard = wait_for_start(self.cfg, self.stop.event)  # --shard/--start-at: clock, start
+        if self.stop.event.is_set():
+            return self._stopped_early(life, "the wait for --start-at")
         run_fp = prep.fingerprint(life.run_id)
         if isinstance(source, ReplaySource):  # the trace is part of what the result is bound to
             run_fp["trace"] = source.info.fingerprint()
@@ -250,6 +255,8 @@ class RunSession:
         )
         if recorded is not None:
             summary.record_requests = recorded
+        if self.shard is not None:
+            summary.shard = self.shard
         if cfg.output.summary_json:
             write_record(cfg.output.summary_json, summary)
             log.info("summary written to %s", cfg.output.summary_json)
@@ -287,8 +294,11 @@ class RunSession:
 
     def _tick_until_done(self, life: Lifecycle, engine: Engine, windows: WindowRecorder) -> None:
         cfg = self.cfg
-        # A resumed run only runs what is left of its duration.
-        deadline = None if cfg.load.duration is None else time.monotonic() + life.remaining(cfg.load.duration)
+        # A resumed run only runs what is left of its duration; with --start-at the duration
+        # counts from that instant, so a late or restarted shard ends with the others.
+        deadline = None
+        if cfg.load.duration is not None:
+            deadline = time.monotonic() + remaining(cfg, life.remaining(cfg.load.duration))
         interval = cfg.metrics.status_interval
         next_status = time.monotonic() + interval
         last = engine.stats()
