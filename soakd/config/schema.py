@@ -184,7 +184,14 @@ class OutputConfig:
         Annotated[str, doc("log each request (intended time, size, outcome) as JSONL for --replay")] | None
     ) = None
     record_max_bytes: Annotated[
-        int, doc("the request log stops growing here (said in the log)", unit="bytes", ge=1, le=MAX_INT)
+        int,
+        doc(
+            "the request log stops growing here (said in the log)",
+            unit="bytes",
+            ge=4096,
+            le=MAX_INT,
+            why="room for a few records",
+        ),
     ] = 256 * 1024 * 1024
 
 

@@ -171,7 +171,6 @@ def _validate_state(st: StateConfig) -> None:
 
 
 def _validate_output(out: OutputConfig) -> None:
-    _require(out.record_max_bytes >= 4096, f"output.record_max_bytes: must be >= 4096, got {out.record_max_bytes}")
     for key, value in (
         ("output.log_file", out.log_file),
         ("output.summary_json", out.summary_json),

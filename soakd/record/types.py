@@ -206,11 +206,12 @@ class RunRecord(Record):
     run_duration_seconds: Number | UnsetType | None = UNSET
     target: TargetBlock | UnsetType | None = UNSET
     slo: SloBlock | UnsetType | None = UNSET
-    record_requests: dict[str, Any] | UnsetType = UNSET
-    shard: dict[str, Any] | UnsetType = UNSET  # --shard I/N: which, its clock skew (docs/shards.md)
-    workers: list[dict[str, Any]] | dict[str, Any] | UnsetType = (
-        UNSET  # --workers N: each worker's health  # --record-requests: the log's path, rows, bytes
-    )
+    # Present only where the run used them (docs/replay.md, docs/shards.md):
+    record_requests: dict[str, Any] | UnsetType = UNSET  # --record-requests: the log's path, rows, bytes
+    shard: dict[str, Any] | UnsetType = UNSET  # --shard I/N: which, its clock skew
+    workers: list[dict[str, Any]] | UnsetType = UNSET  # --workers N: each worker's restarts and deaths
+    merge: dict[str, Any] | UnsetType = UNSET  # report --merge: shards expected, missing, failed
+    shards: list[dict[str, Any]] | UnsetType = UNSET  # report --merge: each shard's share and health
 
     # Reading: every accessor below answers for a summary, a report and older records alike.
 
