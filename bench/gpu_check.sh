@@ -52,8 +52,12 @@ py=${PYTHON:-}
 if [ -z "$py" ] && [ -z "$rehearse" ] && [ -x .venv/bin/python ] && works .venv/bin/python; then py=.venv/bin/python; fi
 if [ -z "$py" ] && command -v python3 >/dev/null 2>&1 && works python3; then py=python3; fi
 if [ -z "$py" ] && [ -d .whl ] && command -v python3 >/dev/null 2>&1; then
+  # By name from .whl (not every file): pip takes the wheel that fits this python (msgspec is
+  # carried for the device's CPython 3.12 and for the rehearsal's python).
+  names=$(ls .whl/*.whl | xargs -n1 basename | cut -d- -f1 | sort -u)
+  # shellcheck disable=SC2086  # one argument per package name
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$site" .whl/*.whl
+    --find-links .whl --target "$site" $names
   export PYTHONPATH="$PYTHONPATH:$site"
   if works python3; then
     py=python3

@@ -14,4 +14,6 @@ PY=${PYTHON:-python3}
 # msgspec (the config's and the run record's types) is a C extension: the wheel for CPython 3.12.
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_17_x86_64 -d .whl msgspec==0.23.0
+# ... and for this machine's python, which bench/gpu_rehearse.sh stands in for the image with.
+"$PY" -m pip download -q --no-deps --only-binary=:all: -d .whl msgspec==0.23.0
 ls .whl
