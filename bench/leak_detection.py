@@ -22,7 +22,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +42,7 @@ class TraceSet(NamedTuple):
     """One generator of traces: its shapes, the leak-free ones among them, and a trace of one."""
 
     shapes: Mapping[str, object]
-    leak_free: Mapping[str, object]
+    leak_free: Collection[str]
     generate: Callable[..., Any]  # (shape, seed, *, duration) -> a trace with t, v, leak fields
 
 

@@ -111,7 +111,8 @@ def _sawtooth(rng: np.random.Generator, t: Array, amp: float, period: float) -> 
         edges.append(edges[-1] + period * float(rng.uniform(0.8, 1.2)))
     e = np.asarray(edges)
     i = np.searchsorted(e, t, side="right") - 1
-    return amp * (t - e[i]) / (e[i + 1] - e[i])
+    out: Array = amp * (t - e[i]) / (e[i + 1] - e[i])
+    return out
 
 
 def _cycle(p: np.random.Generator, t: Array) -> Array:

@@ -286,4 +286,4 @@ def test_replay_prompts_are_exact_and_share_hash_blocks(serve: Serve, tmp_path: 
     assert done.returncode == 0, done.stdout + done.stderr
     s = summary(tmp_path)
     assert s["requests"]["ok"] == len(rows) and s["replay"]["rows_sent"] == len(rows)
-    assert s["llm"]["output_tokens"] <= sum(r["output_length"] for r in rows)
+    assert s["llm"]["output_tokens"] <= sum(int(str(r["output_length"])) for r in rows)

@@ -6,6 +6,7 @@ limit. docs/replay.md."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ def write(tmp_path: Path, name: str, text: str) -> str:
     return str(path)
 
 
-def mooncake(tmp_path: Path, rows: list[dict[str, object]], name: str = "trace.jsonl") -> str:
+def mooncake(tmp_path: Path, rows: Sequence[Mapping[str, object]], name: str = "trace.jsonl") -> str:
     return write(tmp_path, name, "".join(json.dumps(r) + "\n" for r in rows))
 
 
