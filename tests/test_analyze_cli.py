@@ -112,7 +112,7 @@ def test_hundreds_of_files_in_one_process_without_torch(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     assert len(rows) == 200
     assert sum(r["leak_suspected"] for r in rows[1::2]) == 100
-    # At most 2 of the 100 flat ones (the false-alarm rate is bench/leak_detection.py's to measure).
+    # At most 2 of the 100 flat ones (the false-alarm rate is bench/leak/detection.py's to measure).
     assert sum(r["leak_suspected"] for r in rows[0::2]) <= 2
 
 

@@ -1,11 +1,11 @@
-"""The fresh held-out trace generator (bench/fresh_traces.py): what grading relies on."""
+"""The fresh held-out trace generator (bench/leak/fresh_traces.py): what grading relies on."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bench import fresh_traces as fresh
+from bench.leak import fresh_traces as fresh
 
 MIB = float(1 << 20)
 H = 3600.0

@@ -25,7 +25,7 @@ from soakd.config import ConfigError, load_config
 PARAMS = DetectorParams()
 FLOOR = floor_for("host_rss", {})
 # A few traces per pattern, checked exactly; the rates over hundreds of traces (a few leak-free
-# traces in 100 do raise a verdict) are bench/leak_detection.py's to measure.
+# traces in 100 do raise a verdict) are bench/leak/detection.py's to measure.
 SEEDS = range(10)
 # Shapes the detector is known to find less often than 8 in 10 within 6 h (issue #14's
 # goal of 90% is not met on them; docs/leak-verdicts.md has the rates): at least this many.
@@ -110,7 +110,7 @@ def test_a_staircase_is_a_leak_an_allocator_settling_or_a_level_given_back_is_no
 def test_detectable_slope_shrinks_with_data_and_grows_with_wander() -> None:
     """The smallest leak the data could show: lower after 6 h than after 1 h, and higher
     under slow wander than under white jitter of the same size."""
-    from bench.heldout_traces import ou
+    from bench.leak.heldout_traces import ou
 
     rng = np.random.default_rng(11)
     t = np.arange(0.0, 6 * 3600.0, 10.0)
@@ -291,7 +291,7 @@ def test_a_faint_leak_under_noise_that_forgets_in_minutes_is_found() -> None:
     its least-squares slope stands far above the noise; once the noise is seen to level off,
     the whole judged history is one span and the leak is found. The same noise without the
     leak is not flagged at any look."""
-    from bench.heldout_traces import ou
+    from bench.leak.heldout_traces import ou
 
     t = np.arange(0.0, 6 * 3600.0, 10.0)
     found = 0

@@ -1,5 +1,5 @@
 """Leak verdicts on real traces: soakd's own host RSS/USS recorded from 4-minute runs at 1 s
-(bench/record_traces.py) of builtin:leak_host at slow rates and of leak-free models, judged
+(bench/leak/record_traces.py) of builtin:leak_host at slow rates and of leak-free models, judged
 by `soakd analyze` with accelerated settings (a 2-minute window: time runs 180x faster, so
 the default 2 MiB/h floor is 360 MiB/h of wall time)."""
 

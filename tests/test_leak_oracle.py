@@ -1,12 +1,12 @@
-"""bench/leak_oracle.py: its replicas are the trace's noise law, and its threshold holds its level."""
+"""bench/leak/oracle.py: its replicas are the trace's noise law, and its threshold holds its level."""
 
 from __future__ import annotations
 
 import numpy as np
 from scipy import stats
 
-from bench import fresh_traces as fresh
-from bench import leak_oracle as lo
+from bench.leak import fresh_traces as fresh
+from bench.leak import oracle as lo
 
 MIB = float(1 << 20)
 

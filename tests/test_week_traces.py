@@ -1,11 +1,11 @@
-"""The week held-out trace generator (bench/week_traces.py): what grading and its oracle rely on."""
+"""The week held-out trace generator (bench/leak/week_traces.py): what grading and its oracle rely on."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bench import week_traces as week
+from bench.leak import week_traces as week
 
 H = 3600.0
 pytestmark = pytest.mark.unit  # pure generation (the tier reader takes a helper name for a process call)

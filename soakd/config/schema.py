@@ -252,7 +252,7 @@ class MemoryConfig:
 
 @dataclass
 class LeakConfig:
-    # Defaults measured with bench/leak_detection.py and bench/leak_power.py (docs/leak-verdicts.md).
+    # Defaults measured with bench/leak/detection.py and bench/leak/power.py (docs/leak-verdicts.md).
     warmup: Annotated[
         float, SECONDS_OR_OFF, doc("memory growth this early is not judged (the data may show a longer warm-up)")
     ] = 900.0

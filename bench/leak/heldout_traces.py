@@ -6,7 +6,7 @@ white jitter, GC sawtooth with exponential refill, allocator segments that grow 
 longer gaps, a diurnal swing, late single steps, staircases with random step sizes, and leaks
 of 5-200 MiB/h that start at any time). Draws are keyed by (shape, seed).
 
-    from bench.heldout_traces import generate, SHAPES
+    from bench.leak.heldout_traces import generate, SHAPES
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the fresh traces allow: an oracle reference for leak detection within 6 h (#14).
 
-For every leaking shape of bench/fresh_traces.py and the seeds that
-``bench/leak_detection.py --corpus fresh`` grades (6 h at 10 s), a trend test that is told far
+For every leaking shape of bench/leak/fresh_traces.py and the seeds that
+``bench/leak/detection.py --corpus fresh`` grades (6 h at 10 s), a trend test that is told far
 more than soakd can know:
 
 - the leak's start (``Held.leak_start``): it fits from max(leak_start, 15 min) to the end;
@@ -35,9 +35,9 @@ steps, the leak's curvature or the noise's non-Gaussian tails, or that knows the
 spectrum and weights by it (generalised least squares), could do better. Nothing here runs or
 tunes the detector; the fresh set stays held out.
 
-    .venv/bin/python bench/leak_oracle.py --seeds 20 --replicas 2000  # docs/leak-verdicts.md's table, ~4 min
-    .venv/bin/python bench/leak_oracle.py --seeds 20 --replicas 200   # ~20 s; 0.1% then reads high
-    .venv/bin/python bench/leak_oracle.py --shapes leak_wander_5 --levels 0.3,0.01  # other levels
+    .venv/bin/python bench/leak/oracle.py --seeds 20 --replicas 2000  # docs/leak-verdicts.md's table, ~4 min
+    .venv/bin/python bench/leak/oracle.py --seeds 20 --replicas 200   # ~20 s; 0.1% then reads high
+    .venv/bin/python bench/leak/oracle.py --shapes leak_wander_5 --levels 0.3,0.01  # other levels
 """
 
 from __future__ import annotations
@@ -52,15 +52,15 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import fresh_traces as fresh
-from bench.heldout_traces import Array
+from bench.leak import fresh_traces as fresh
+from bench.leak.heldout_traces import Array
 from soakd.analysis.detector import DEFAULT_FLOOR_BYTES_PER_HOUR
 
 MIB = float(1 << 20)
 H = 3600.0
-INTERVAL = 10.0  # what bench/leak_detection.py grades the fresh set at
+INTERVAL = 10.0  # what bench/leak/detection.py grades the fresh set at
 BIN = 60.0  # soakd's trough bins
 SKIP = 15 * 60.0  # soakd's warm-up floor: never fit before it
 LEVELS = (0.01, 0.001)  # false-alarm rates of the single look at the end

@@ -1,7 +1,7 @@
 """Fresh held-out memory traces: a third generator, for grading the leak detector (#14).
 
 Written from a description of what a soak's memory looks like, without reading
-soakd/analysis/corpus.py, bench/heldout_traces.py (beyond its ``Held`` dataclass and the
+soakd/analysis/corpus.py, bench/leak/heldout_traces.py (beyond its ``Held`` dataclass and the
 ``generate`` signature) or the detector, and not tuned on the detector's results.
 
 A trace is a process's memory in bytes sampled every ``interval`` seconds, the sum of parts:
@@ -32,7 +32,7 @@ not the drawn one, and ``leak_start`` is its first step). The sum is rounded to 
 ``fresh/{shape}/{seed}/{what}``, the parameters in a stream of their own, so a longer trace
 keeps its shape's draws (times drawn as fractions of the trace scale with it).
 
-    from bench.fresh_traces import generate, SHAPES
+    from bench.leak.fresh_traces import generate, SHAPES
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.signal import lfilter
 
-from bench.heldout_traces import Array, Held
+from bench.leak.heldout_traces import Array, Held
 
 MIB = float(1 << 20)
 H = 3600.0

@@ -1,7 +1,7 @@
 """How long to soak to catch a leak of a given size: detection rate and median time to verdict
 over leak rate x noise x run length, and false alarms over 24 h leak-free runs of every shape.
 
-Traces are 10 s samples built from bench/heldout_traces.py's pieces (the generator the
+Traces are 10 s samples built from bench/leak/heldout_traces.py's pieces (the generator the
 detector was not tuned on). A leak starts with the run (t = 0; the default 15 min warm-up
 floor applies); a run of length L detects it when the first flag comes before L (verdicts
 are causal, so one 24 h trace per seed serves all three lengths, and its replay stops at the
@@ -11,8 +11,8 @@ minute, which can only flag sooner).
 Noise: white (1 MiB jitter), wander N (Ornstein-Uhlenbeck level, sd N MiB, 30 min correlation
 time, plus 0.3 MiB jitter), sawtooth (GC sawtooth 50 MiB every ~10 min, 0.3 MiB jitter).
 
-    .venv/bin/python bench/leak_power.py --seeds 10 --jobs 2       # ~5 min on 2 shared cores
-    .venv/bin/python bench/leak_power.py --seeds 3 --rates 5,20,100  # a quick look
+    .venv/bin/python bench/leak/power.py --seeds 10 --jobs 2       # ~5 min on 2 shared cores
+    .venv/bin/python bench/leak/power.py --seeds 3 --rates 5,20,100  # a quick look
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import heldout_traces as held
+from bench.leak import heldout_traces as held
 from soakd.analysis.detector import DEFAULT_FLOOR_BYTES_PER_HOUR, MIB, DetectorParams
 from soakd.analysis.replay import replay
 

@@ -28,7 +28,7 @@ to 4 KiB pages. Parameters come from a stream keyed (shape, seed); noise from st
 (shape, seed, part, replica), so :func:`noise` gives the oracle replicas with the same
 parameters and other noise, and the leak part is the same in every replica.
 
-    from bench.week_traces import generate, SHAPES, LEAK_FREE
+    from bench.leak.week_traces import generate, SHAPES, LEAK_FREE
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Runs ``soakd run`` for a few minutes with accelerated settings (memory sampled e
 on a model, then writes each host series from the state store's samples table as
 ``timestamp_seconds,bytes`` (what ``soakd analyze`` reads), timestamps from the run's start.
 
-    .venv/bin/python bench/record_traces.py --model builtin:leak_host --mib-per-s 0.05 --name leak_host_0.05
-    .venv/bin/python bench/record_traces.py --model builtin:noop --name noop
+    .venv/bin/python bench/leak/record_traces.py --model builtin:leak_host --mib-per-s 0.05 --name leak_host_0.05
+    .venv/bin/python bench/leak/record_traces.py --model builtin:noop --name noop
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "traces"
+OUT = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "traces"
 SERIES = ("host_rss", "host_uss")
 
 

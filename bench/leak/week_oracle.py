@@ -1,4 +1,4 @@
-"""The one-look oracle on the week set (bench/week_traces.py), and the detectable slope it
+"""The one-look oracle on the week set (bench/leak/week_traces.py), and the detectable slope it
 implies, next to what soakd finds and prints on the same traces (#39).
 
 Per trace, the oracle is told the noise law (R replicas of the trace's own leak-free part: same
@@ -11,7 +11,7 @@ Its 90%-power slope (for a linear leak from the warm-up floor on): the threshold
 replicas' 10th percentile, on leak-free shapes' traces; soakd's printed detectable slope at the
 end of the same trace (``Judgement.detectable_bytes_per_hour``) is shown beside it.
 
-    .venv/bin/python bench/week_oracle.py --seeds 10 --replicas 100 [--hours 6]
+    .venv/bin/python bench/leak/week_oracle.py --seeds 10 --replicas 100 [--hours 6]
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import week_traces as week
+from bench.leak import week_traces as week
 from soakd.analysis.detector import DEFAULT_FLOOR_BYTES_PER_HOUR, MIB, DetectorParams, judge
 
 H = 3600.0
@@ -76,7 +76,7 @@ def main() -> int:
     ap.add_argument("--replicas", type=int, default=100)
     ap.add_argument("--hours", type=float, default=6.0)
     ap.add_argument("--jobs", type=int, default=1)
-    ap.add_argument("--seed-offset", type=int, default=0, help="first seed (bench/leak_detection.py's --seed-offset)")
+    ap.add_argument("--seed-offset", type=int, default=0, help="first seed (bench/leak/detection.py's --seed-offset)")
     ns = ap.parse_args()
     work = [
         (s, seed, ns.replicas, ns.hours)

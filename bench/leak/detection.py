@@ -6,13 +6,13 @@ the verdict is suspected at the end, "ever" when it was suspected at any moment 
 operator watching the alert sees). A leaking trace is detected when it was flagged after
 the leak began and before the end; time to verdict is from the leak's start to that flag.
 
-The detector is tuned on soakd/analysis/corpus.py ("tuning"); bench/heldout_traces.py
-("held-out") is written apart and never tuned on: grade on it. bench/fresh_traces.py ("fresh")
+The detector is tuned on soakd/analysis/corpus.py ("tuning"); bench/leak/heldout_traces.py
+("held-out") is written apart and never tuned on: grade on it. bench/leak/fresh_traces.py ("fresh")
 is a third, written without reading the other two or the detector, judged as held-out is;
-bench/week_traces.py ("week") a fourth, written for #39 from the issue's description of the
+bench/leak/week_traces.py ("week") a fourth, written for #39 from the issue's description of the
 team's unseen corpora ("both" is tuning and held-out, "unseen" the three held out, "all" every set).
 
-    .venv/bin/python bench/leak_detection.py --seeds 40 --jobs 2 [--corpus heldout|tuning|both|fresh|all]
+    .venv/bin/python bench/leak/detection.py --seeds 40 --jobs 2 [--corpus heldout|tuning|both|fresh|all]
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import fresh_traces as fresh
-from bench import heldout_traces as held
-from bench import week_traces as week
+from bench.leak import fresh_traces as fresh
+from bench.leak import heldout_traces as held
+from bench.leak import week_traces as week
 from soakd.analysis import corpus
 from soakd.analysis.detector import DEFAULT_FLOOR_BYTES_PER_HOUR, MIB, DetectorParams
 from soakd.analysis.replay import replay
