@@ -16,3 +16,8 @@ fi
 if ! "$VPY" -c 'import transformers, kserve, fastapi' 2>/dev/null; then
   "$VPY" -m pip install -q 'transformers[serving]' kserve
 fi
+# The exact-prompt tests run soakd's prompt code with this venv's `tokenizers`; soakd's config
+# there needs msgspec (soakd's own dependency, which the servers do not pull in).
+if ! "$VPY" -c 'import msgspec' 2>/dev/null; then
+  "$VPY" -m pip install -q 'msgspec>=0.18'
+fi

@@ -222,7 +222,7 @@ def test_compare_two_fleets(gpus: dict[str, Path], tmp_path: Path) -> None:
     (("--fleet", "{tmp}/other.json"), "not a soakd summary, report or fleet JSON"),
     (("--fleet", "{tmp}", "--format", "html"), "--format html is not available for a fleet"),
     (("--fleet", "{tmp}", "--run-id", "r1"), "--run-id names one run"),
-    ((), "one of the arguments --state-dir --fleet is required"),
+    ((), "one of the arguments --state-dir --fleet --merge is required"),
 ])  # fmt: skip
 def test_bad_fleet_input_is_a_one_line_usage_error(args: tuple[str, ...], message: str, tmp_path: Path) -> None:
     """Exit 2 with a line naming the bad source or flag; never a traceback."""

@@ -189,7 +189,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 "scrape_configs": [
                     {
                         "job_name": "soakd",
-                        "static_configs": [{"targets": [f"127.0.0.1:{d.port}" for d in (soakd, net, llm)]}],
+                        # Labelled as the drivers' PodMonitor labels shards of one soak, so the
+                        # shard rules (prometheus/rules/soakd-shards.yml) sum these three live.
+                        "static_configs": [
+                            {"targets": [f"127.0.0.1:{d.port}"], "labels": {"soak": "live", "shard": str(i)}}
+                            for i, d in enumerate((soakd, net, llm))
+                        ],
                     },
                 ],
             }

@@ -154,6 +154,10 @@ class TargetBlock(Record):
     responses: dict[str, int] = msgspec.field(default_factory=dict)
     max_connections: int | UnsetType | None = UNSET
     timeout_seconds: Number | UnsetType | None = UNSET
+    # --api openai: the served model's name, chat or completions, and whether it streamed
+    model: str | UnsetType | None = UNSET
+    endpoint: str | UnsetType | None = UNSET
+    stream: bool | UnsetType | None = UNSET
 
 
 class Segment(Record):
