@@ -112,6 +112,7 @@ RATE = 50.0
 DURATION = 5.0
 
 
+@pytest.mark.timing  # arrival offsets bounded in ms: run alone, after the parallel e2e tests
 def test_two_shards_from_one_start_interleave_as_one_poisson_process(
     target: tuple[str, subprocess.Popen[str]], tmp_path: Path
 ) -> None:
