@@ -6,6 +6,7 @@ on a model, then writes each host series from the state store's samples table as
 
     .venv/bin/python bench/leak/record_traces.py --model builtin:leak_host --mib-per-s 0.05 --name leak_host_0.05
     .venv/bin/python bench/leak/record_traces.py --model builtin:noop --name noop
+    .venv/bin/python bench/leak/record_traces.py --from-db STATE/soakd.db --name real-convnet-60m
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import tempfile
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "traces"
-SERIES = ("host_rss", "host_uss")
+# soakd's own host series, and the watched server's (a --watch-pid soak records those too).
+SERIES = ("host_rss", "host_uss", "malloc_in_use", "target_rss", "target_uss")
 
 
 def export(db: Path, name: str, out: Path = OUT) -> list[Path]:
-    """Write ``{name}-{series}.csv`` for each host series in the state database."""
+    """Write ``{name}-{series}.csv`` for each memory series of ``SERIES`` in the state database."""
     written = []
     with sqlite3.connect(db) as con:
         for series in SERIES:
