@@ -150,7 +150,7 @@ def _add_sweep(sub: argparse._SubParsersAction[_Parser]) -> None:
     sweep = sub.add_parser("sweep", help="step through load settings; find the knee and the best setting")
     sweep.add_argument("--config", metavar="FILE")
     for flag, (key, kw) in RUN_FLAGS.items():
-        if flag not in ("--concurrency", "--rate", "--max-batch-size", "--duration"):
+        if flag not in ("--concurrency", "--rate", "--max-batch-size", "--duration", "--replay-speed"):
             sweep.add_argument(flag, dest=key, default=None, help=_flag_help(key), **kw)
     sweep.add_argument(
         "--concurrency",
@@ -159,6 +159,12 @@ def _add_sweep(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="e.g. 1,4,8,16; 2x: twice each step's max batch size",
     )
     sweep.add_argument("--rate", dest="sweep_rate", metavar="LIST", help="e.g. 50,100,200")
+    sweep.add_argument(
+        "--replay-speed",
+        dest="sweep_replay_speed",
+        metavar="LIST",
+        help="with --replay: speeds to step through, e.g. 0.5,1,2,4 (where the server falls behind)",
+    )
     sweep.add_argument("--max-batch-size", dest="sweep_max_batch_size", metavar="LIST", help="e.g. 1,4,8,16,32")
     sweep.add_argument("--step-duration", metavar="DUR", help="fixed time per step (skips the stability wait)")
     sweep.add_argument("--slo-p99-ms", type=float, metavar="MS", help="p99 the recommendation must meet")

@@ -3,12 +3,15 @@ REST and gRPC, for the kserve-v2 target tests. Run with the servers' venv's pyth
 package is not soakd's dependency):
 
     .venv-servers/bin/python tests/kserve_server.py HTTP_PORT GRPC_PORT [--leak-mib N] [--stall-ms MS --stall-every N]
+        [--lengths-file F]
 
-Three models, each a 16 -> 4 linear layer, input ``x`` FP32 ``[-1, 16]``, output ``y``: ``tiny``;
+Four models. Three are a 16 -> 4 linear layer, input ``x`` FP32 ``[-1, 16]``, output ``y``: ``tiny``;
 ``leaky``, which keeps ``--leak-mib`` MiB of host memory per request (a list that only grows);
 ``stally``, whose every ``--stall-every``-th request sleeps ``--stall-ms`` first (holding the
-event loop, as a model stuck in a kernel would hold the server). One process for all three: the
-tests share one server start. Ready when ``/v2/health/ready`` answers and the gRPC port accepts.
+event loop, as a model stuck in a kernel would hold the server); and ``seqy``, token ids INT64
+``[-1, -1]`` of any length, each request's length appended to ``--lengths-file`` (replay sizes).
+One process for all four: the tests share one server start. Ready when ``/v2/health/ready``
+answers and the gRPC port accepts.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ parser.add_argument("grpc_port", type=int)
 parser.add_argument("--leak-mib", type=int, default=1)
 parser.add_argument("--stall-ms", type=float, default=200.0)
 parser.add_argument("--stall-every", type=int, default=40)
+parser.add_argument("--lengths-file", default=None)
 opts = parser.parse_args()
 sys.argv = sys.argv[:1]
 
@@ -70,6 +74,31 @@ class Tiny(kserve.Model):  # type: ignore[misc]
         return InferResponse(response_id=payload.id or "", model_name=self.name, infer_outputs=[out])
 
 
+class Seq(kserve.Model):  # type: ignore[misc]
+    """``seqy``: token ids, INT64 ``[-1, -1]`` (any length); each request's length is appended
+    to ``--lengths-file``, so a replay test can check the sizes it sent."""
+
+    def __init__(self, name: str, path: str | None) -> None:
+        super().__init__(name)
+        self.path = path
+        self.ready = True
+
+    def get_input_types(self) -> list[dict[str, Any]]:
+        return [{"name": "ids", "datatype": "INT64", "shape": [-1, -1]}]
+
+    def get_output_types(self) -> list[dict[str, Any]]:
+        return [{"name": "n", "datatype": "INT64", "shape": [-1, 1]}]
+
+    async def predict(self, payload: InferRequest, headers: Any = None, response_headers: Any = None) -> InferResponse:
+        n = int(payload.inputs[0].as_numpy().shape[-1])
+        if self.path:
+            with open(self.path, "a") as fh:
+                fh.write(f"{n}\n")
+        out = InferOutput(name="n", shape=[1, 1], datatype="INT64")
+        out.set_data_from_numpy(torch.tensor([[n]]).numpy(), binary_data=False)
+        return InferResponse(response_id=payload.id or "", model_name=self.name, infer_outputs=[out])
+
+
 if __name__ == "__main__":
     kserve.ModelServer(
         http_port=opts.http_port,
@@ -82,5 +111,6 @@ if __name__ == "__main__":
             Tiny("tiny"),
             Tiny("leaky", leak_mib=opts.leak_mib),
             Tiny("stally", stall_ms=opts.stall_ms, stall_every=opts.stall_every),
+            Seq("seqy", opts.lengths_file),
         ]
     )

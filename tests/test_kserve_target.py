@@ -45,6 +45,7 @@ class KServe:
     def __init__(self, log: Path) -> None:
         self.http_port, self.grpc_port = free_port(), free_port()
         self.log = log
+        self.lengths = log.parent / "lengths.txt"  # the seqy model's: each request's sequence length
         self.start()
 
     def start(self) -> None:
@@ -59,6 +60,8 @@ class KServe:
                 str(STALL_MS),
                 "--stall-every",
                 str(STALL_EVERY),
+                "--lengths-file",
+                str(self.lengths),
             ],
             stdout=log.open("a"),  # kserve logs every request: a file, never an unread pipe
             stderr=subprocess.STDOUT,
@@ -174,6 +177,22 @@ def test_stalling_server_shows_in_open_loop_percentiles(kserve: KServe, tmp_path
     assert s["requests"]["ok"] > 200 and e2e["count"] == s["requests"]["ok"]
     assert e2e["p99"] >= STALL_MS * 0.95
     assert e2e["p90"] >= STALL_MS * 0.4, e2e  # ~140 ms: the 4th of each 40 is due 60 ms into a stall
+
+
+@pytest.mark.parametrize("proto", ["rest", "grpc"])
+def test_a_replayed_trace_sizes_each_request_by_its_row(proto: str, kserve: KServe, tmp_path: Path) -> None:
+    """A model whose sequence length varies (``seqy``, ids ``[-1, -1]``): each row of the trace is
+    sent as a tensor of its input length, clipped to ``--input-shapes`` (32: the maximum)."""
+    lengths = [3 + (7 * i) % 40 for i in range(30)]  # 3..42: some past the maximum
+    trace = tmp_path / "trace.jsonl"
+    rows = ({"timestamp": 10 * i, "input_length": n, "output_length": 1} for i, n in enumerate(lengths))
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    kserve.lengths.unlink(missing_ok=True)
+    url = kserve.rest if proto == "rest" else kserve.grpc
+    s = kserve_soak(url, "seqy", tmp_path, "--replay", str(trace), "--input-shapes", "32", "--warmup", "0")
+    assert s["requests"]["ok"] == len(lengths) and s["replay"]["rows_clipped"] == sum(n > 32 for n in lengths)
+    sent = [int(x) for x in kserve.lengths.read_text().split()]
+    assert sorted(sent) == sorted(min(n, 32) for n in lengths)
 
 
 @pytest.mark.parametrize("proto", ["rest", "grpc"])

@@ -165,6 +165,8 @@ def test_an_overload_shows_as_lag_and_drops_not_a_lower_rate(tmp_path: Path) -> 
     """A model taking 20 ms a batch of one against rows 1 ms apart: the arrivals keep to the
     trace (offered at its rate), past max_inflight they are dropped and counted."""
     path, _ = mooncake(tmp_path, 300, gap_ms=1.0)
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join([*lines[:150], "{garbage\n", *lines[150:]]))  # line 151: bad, mid-soak
     s = soak_in_process(
         tmp_path,
         {
@@ -182,6 +184,15 @@ def test_an_overload_shows_as_lag_and_drops_not_a_lower_rate(tmp_path: Path) -> 
     assert rep["rows_sent"] + rep["rows_dropped"] == 300
     assert rep["rows_dropped"] > 100 and s["requests"]["dropped"] >= rep["rows_dropped"]
     assert s["latency_ms"]["e2e"]["p99"] > 100  # latency counts from the intended time
+    # The bad row: counted as bad_input with its line, the soak went on past it.
+    assert s["requests"]["bad_input"] == rep["rows_bad"] == rep["rows_bad_met"] == 1
+    assert rep["bad_lines"][0].startswith("line 151: not JSON")
+    # Per minute (one minute here): every row due, those sent, and the completions.
+    minutes = rep["arrivals"]
+    assert minutes["intended"] == [300] and minutes["sent"] == [rep["rows_sent"]]
+    assert minutes["completed"][0] == sum(v for k, v in s["requests"].items() if k not in ("dropped", "bad_input"))
+    page = next((tmp_path / "state").glob("*/report.html")).read_text()
+    assert '<h2 id="replay">' in page and "trace (intended)" in page  # the plot, in the run's own report
 
 
 @pytest.mark.parametrize(

@@ -244,6 +244,10 @@ class Engine:
         if dropped:
             self._count("dropped", dropped)
 
+    def reject(self, n: int) -> None:
+        if n:
+            self._count("bad_input", n)
+
     # ------------------------------------------------------------------ worker loop
 
     def _request_done(self, req: Request, t_sent: float, t_end: float, outcome: str) -> None:

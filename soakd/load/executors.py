@@ -31,6 +31,7 @@ class Sender(Protocol):
 
     clock: Callable[[], float]
     started_at: float
+    last_completion: float  # when the latest request finished (engine clock)
 
     @property
     def inflight(self) -> int: ...
@@ -40,6 +41,9 @@ class Sender(Protocol):
     def send(self, reqs: list[Request]) -> None: ...
 
     def observe_lag(self, lags: list[float], dropped: int) -> None: ...
+
+    def reject(self, n: int) -> None:
+        """``n`` arrivals that could not be made a request (a replayed trace's bad rows): ``bad_input``."""
 
 
 class Executor(Protocol):
@@ -103,38 +107,22 @@ class ClosedLoop:
         self._stopped = True
 
 
-class OpenLoop:
-    """Requests at intended times from a constant, Poisson or gamma process, anchored to the start
-    (never to the previous send): falling behind shows as schedule lag, not a lower rate. Past
-    ``max_inflight`` in flight, arrivals are dropped (counted), not delayed."""
+class ArrivalsThread:
+    """An open loop's ``soakd-arrivals`` thread (the rate's and a replayed trace's): started with
+    the engine, stopped and joined with it; while it runs the interpreter's switch interval is
+    short so the thread gets the GIL back promptly after each sleep. Subclasses write ``_run``."""
 
     open_loop = True
     exhausted = False
 
-    def __init__(self, ld: LoadConfig) -> None:
-        assert ld.rate is not None
-        self.ld = ld
-        self._rate = float(ld.rate)  # the soak's rate: a shard sends 1/N of it
-        self._shard = parse_shard(ld.shard)
-        self._start_at = parse_instant(ld.start_at)
-        self.skipped = 0  # arrivals due before this driver started (a late shard), not sent
+    def __init__(self) -> None:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._old_switch = sys.getswitchinterval()
 
-    @property
-    def target_load(self) -> float:
-        return self._rate / (self._shard[1] if self._shard else 1)
-
-    def set_load(self, value: float) -> None:
-        """The soak's rate (a shard sends its part of it). The arrivals thread spaces its next arrivals at this rate."""
-        if value <= 0:
-            raise ValueError(f"rate must be > 0, got {value}")
-        self._rate = float(value)
-
     def start(self, engine: Sender) -> None:
         sys.setswitchinterval(_OPEN_LOOP_SWITCH_INTERVAL)
-        self._thread = threading.Thread(target=self._arrivals, args=(engine,), name="soakd-arrivals", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(engine,), name="soakd-arrivals", daemon=True)
         self._thread.start()
 
     def replace(self, engine: Sender, finished: int) -> None:
@@ -146,6 +134,34 @@ class OpenLoop:
             self._thread.join()
             self._thread = None
         sys.setswitchinterval(self._old_switch)
+
+    def _run(self, engine: Sender) -> None:
+        raise NotImplementedError
+
+
+class OpenLoop(ArrivalsThread):
+    """Requests at intended times from a constant, Poisson or gamma process, anchored to the start
+    (never to the previous send): falling behind shows as schedule lag, not a lower rate. Past
+    ``max_inflight`` in flight, arrivals are dropped (counted), not delayed."""
+
+    def __init__(self, ld: LoadConfig) -> None:
+        assert ld.rate is not None
+        super().__init__()
+        self.ld = ld
+        self._rate = float(ld.rate)  # the soak's rate: a shard sends 1/N of it
+        self._shard = parse_shard(ld.shard)
+        self._start_at = parse_instant(ld.start_at)
+        self.skipped = 0  # arrivals due before this driver started (a late shard), not sent
+
+    @property
+    def target_load(self) -> float:
+        return self._rate / (self._shard[1] if self._shard else 1)
+
+    def set_load(self, value: float) -> None:
+        """The soak's rate (a shard sends its part of it). The arrivals thread spaces its next arrivals at this rate."""
+        if value <= 0:
+            raise ValueError(f"rate must be > 0, got {value}")
+        self._rate = float(value)
 
     def _schedule(self, engine: Sender) -> tuple[Iterator[float], float]:
         """This driver's unit-rate gaps and its first intended send time (engine clock). With
@@ -172,7 +188,7 @@ class OpenLoop:
             next_t = engine.started_at
         return unit, next_t
 
-    def _arrivals(self, engine: Sender) -> None:
+    def _run(self, engine: Sender) -> None:
         ld = self.ld
         # Gaps of a rate-1 process divided by the current rate: set_rate() takes effect at once.
         unit, next_t = self._schedule(engine)

@@ -12,21 +12,19 @@ ends there (docs/replay.md).
 from __future__ import annotations
 
 import logging
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
 from soakd.config import LoadConfig
 from soakd.errors import ConfigError
-from soakd.load.executors import Sender
+from soakd.load.executors import ArrivalsThread, Sender
+from soakd.load.minutes import MinuteCounts, aligned
 from soakd.request import Request
 from soakd.workload.traces import Row, RowCounts, Trace, TraceInfo
 
 log = logging.getLogger("soakd")
 
-_SWITCH_INTERVAL = 0.0005  # as the open loop's: the arrivals thread gets the GIL back promptly
 ON_TIME_S = 0.001  # the summary's on-time share: sent within this of the intended time
 
 
@@ -40,25 +38,24 @@ class RowSource(Protocol):
     def for_row(self, row: Row) -> tuple[Any, Any]: ...
 
 
-class ReplayLoop:
+class ReplayLoop(ArrivalsThread):
     """The executor of ``--replay``: one ``soakd-arrivals`` thread streams the rows and sends
     each at its intended time."""
 
-    open_loop = True
-
     def __init__(self, ld: LoadConfig, source: RowSource) -> None:
+        super().__init__()
         self.ld = ld
         self.source = source
         self._speed = float(ld.replay_speed)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._old_switch = sys.getswitchinterval()
         self.exhausted = False  # the trace ended (no --replay-loop): the run ends with it
         self.sent = 0
         self.dropped = 0
         self.on_time = 0  # arrivals whose send came within ON_TIME_S of the intended time
         self.passes = 0  # passes begun
         self.counts = RowCounts()  # bad and skipped rows met while replaying, every pass summed
+        self._bad_counted = self._bad_logged = 0  # bad rows counted as bad_input, bad lines logged
+        # The report's plot: rows due per minute (sent or dropped), sent, and completed (any outcome).
+        self.per_minute = {"intended": MinuteCounts(), "sent": MinuteCounts(), "completed": MinuteCounts()}
 
     @property
     def target_load(self) -> float:
@@ -70,20 +67,9 @@ class ReplayLoop:
             raise ValueError(f"replay speed must be > 0, got {value}")
         self._speed = float(value)
 
-    def start(self, engine: Sender) -> None:
-        sys.setswitchinterval(_SWITCH_INTERVAL)
-        self._thread = threading.Thread(target=self._run, args=(engine,), name="soakd-arrivals", daemon=True)
-        self._thread.start()
-
     def replace(self, engine: Sender, finished: int) -> None:
-        return None
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        sys.setswitchinterval(self._old_switch)
+        """Under the engine's completion lock: the completions per minute (one writer at a time)."""
+        self.per_minute["completed"].add(engine.last_completion - engine.started_at, finished)
 
     # ------------------------------------------------------------------ the arrivals thread
 
@@ -113,6 +99,7 @@ class ReplayLoop:
         make = self.source.for_row
         speed = self._speed
         anchor_wall, anchor_x = engine.started_at, 0.0  # re-anchored when the speed changes
+        t0, intended, sent = engine.started_at, self.per_minute["intended"].add, self.per_minute["sent"].add
         lags: list[float] = []
         dropped = 0
         last_flush = clock()
@@ -133,6 +120,7 @@ class ReplayLoop:
             while pending is not None and next_t <= now:
                 lag = now - next_t
                 lags.append(lag)
+                intended(next_t - t0)
                 if lag <= ON_TIME_S:
                     self.on_time += 1
                 if inflight + len(due) >= cap:
@@ -146,16 +134,32 @@ class ReplayLoop:
                     next_t = anchor_wall + (x - anchor_x) / speed
             if due:
                 self.sent += len(due)
+                sent(now - t0, len(due))
                 engine.send(due)
             if len(lags) >= 256 or now - last_flush > 0.1:
                 self.dropped += dropped
                 engine.observe_lag(lags, dropped)
                 lags, dropped = [], 0
                 last_flush = now
+                self._count_bad(engine)
         self.dropped += dropped
         engine.observe_lag(lags, dropped)
+        self._count_bad(engine)
         if pending is None:
             log.info("load.replay: the trace ended after %d pass%s", self.passes, "es" if self.passes > 1 else "")
+
+    def _count_bad(self, engine: Sender) -> None:
+        """Bad rows met since the last call: each a ``bad_input`` outcome; a line the scan before
+        the soak did not name (the file changed under it) is logged with its number."""
+        counts = self.counts
+        if counts.bad == self._bad_counted:
+            return
+        engine.reject(counts.bad - self._bad_counted)
+        self._bad_counted = counts.bad
+        for line in counts.bad_lines[self._bad_logged :]:
+            if line not in self.source.info.bad_lines:
+                log.warning("load.replay: %s: %s (counted as bad_input)", self.source.info.path, line)
+        self._bad_logged = len(counts.bad_lines)
 
     # ------------------------------------------------------------------ the summary
 
@@ -174,9 +178,11 @@ class ReplayLoop:
             "rows_skipped": info.skipped,
             "rows_bad": info.bad,
             "bad_lines": list(info.bad_lines),
+            "rows_bad_met": self.counts.bad,
             "on_time_ratio": round(self.on_time / arrivals, 6) if arrivals else None,
             "intended_rps": round(intended_rps, 3),
             "offered_rps": round(arrivals / elapsed, 3) if elapsed > 0 else None,
+            "arrivals": aligned(self.per_minute),
         }
 
 

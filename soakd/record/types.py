@@ -160,6 +160,43 @@ class TargetBlock(Record):
     stream: bool | UnsetType | None = UNSET
 
 
+class ReplayArrivals(Record):
+    """A replayed trace per bucket of ``bucket_seconds`` (60; wider past two days, so the lists
+    stay bounded) from the soak's start: rows due by their intended time (sent or dropped), rows
+    sent by the time sent, requests completed (any outcome) by the time they finished."""
+
+    bucket_seconds: Number = 60.0
+    intended: list[int] = msgspec.field(default_factory=list)
+    sent: list[int] = msgspec.field(default_factory=list)
+    completed: list[int] = msgspec.field(default_factory=list)
+
+
+class ReplayBlock(Record):
+    """A replayed trace (docs/replay.md): its fingerprint, how it was replayed, the rows sent,
+    dropped, skipped and bad, and its arrivals per minute beside the achieved ones. Every key is
+    optional: a record written before a key existed reads and writes back without it."""
+
+    path: str | UnsetType = UNSET
+    sha256: str | UnsetType = UNSET
+    format: str | UnsetType = UNSET
+    rows: int | UnsetType = UNSET
+    span_seconds: Number | UnsetType = UNSET
+    speed: Number | UnsetType = UNSET
+    loop: bool | UnsetType = UNSET
+    passes: int | UnsetType = UNSET
+    rows_sent: int | UnsetType = UNSET
+    rows_dropped: int | UnsetType = UNSET
+    rows_skipped: int | UnsetType = UNSET
+    rows_bad: int | UnsetType = UNSET
+    bad_lines: list[str] | UnsetType = UNSET
+    rows_bad_met: int | UnsetType = UNSET
+    on_time_ratio: Number | UnsetType | None = UNSET
+    intended_rps: Number | UnsetType | None = UNSET
+    offered_rps: Number | UnsetType | None = UNSET
+    arrivals: ReplayArrivals | UnsetType = UNSET
+    rows_clipped: int | UnsetType = UNSET
+
+
 class Segment(Record):
     """One process's part of a run (a restart starts the next)."""
 
@@ -202,7 +239,7 @@ class RunRecord(Record):
     run: dict[str, Any] | UnsetType | None = UNSET  # the fingerprint: model, versions, device, host, config
     schedule_lag_ms: ScheduleLag | UnsetType = UNSET
     offered_rps: Number | UnsetType | None = UNSET
-    replay: dict[str, Any] | UnsetType = UNSET  # a replayed trace: rows sent, skipped, bad (docs/replay.md)
+    replay: ReplayBlock | UnsetType = UNSET  # a replayed trace: rows sent, skipped, bad (docs/replay.md)
     model_offline: dict[str, Any] | UnsetType | None = UNSET
     llm: LlmBlock | UnsetType | None = UNSET
     windows: list[WindowRow] | UnsetType | None = UNSET
@@ -235,6 +272,10 @@ class RunRecord(Record):
     @property
     def rows(self) -> list[WindowRow]:
         return self.windows if isinstance(self.windows, list) else []
+
+    @property
+    def replay_block(self) -> ReplayBlock | None:
+        return self.replay if isinstance(self.replay, ReplayBlock) else None
 
     @property
     def llm_block(self) -> LlmBlock | None:

@@ -41,6 +41,8 @@ FROM_SUMMARY = (
     "target",
     "model_offline",
     "llm",
+    "replay",
+    "record_requests",
 )
 
 Array = npt.NDArray[np.float64]

@@ -103,6 +103,24 @@ def _load(doc: ReportDoc) -> str:
     return "".join(out)
 
 
+def _replay(doc: ReportDoc) -> str:
+    """A replayed trace: its figures, and its arrivals per minute beside the achieved ones."""
+    rows = sections.replay_rows(doc.record)
+    if not rows:
+        return ""
+    out = ['<h2 id="replay">Replayed trace</h2>', table(None, rows)]
+    arrivals = sections.replay_arrivals(doc.record)
+    if arrivals is not None:
+        out.append(
+            figure(
+                plots.arrivals_plot(arrivals),
+                "The trace's arrivals per minute at their intended times (sent or dropped) beside "
+                "the requests sent and completed per minute",
+            )
+        )
+    return "".join(out)
+
+
 def _batches(doc: ReportDoc) -> str:
     data = doc.record
     out = ["<h2>Batch sizes</h2>"]
@@ -150,6 +168,7 @@ def render_html(doc: ReportDoc) -> str:
         "<h2>Overview</h2>",
         table(None, sections.overview_rows(data)),
         _load(doc),
+        _replay(doc),
         _batches(doc),
         _memory(doc),
         "<h2>Events</h2>",

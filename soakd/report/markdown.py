@@ -69,6 +69,9 @@ def render_markdown(doc: ReportDoc) -> str:
             table(["t (s)", "req/s", "errors", *(f"p99 {s} ms" for s in stages)], rows),
             "",
         ]
+    replay = sections.replay_rows(data)
+    if replay:
+        out += ["## Replayed trace", "", table(["replay", "value"], replay), ""]
     buckets = data.batch_size.buckets if isinstance(data.batch_size, BatchSize) else None
     out += ["## Batch sizes", ""]
     if isinstance(buckets, list) and buckets:

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 from matplotlib.figure import Figure
 
-from soakd.record.types import BatchBucket, WindowRow
+from soakd.record.types import BatchBucket, ReplayArrivals, WindowRow
 from soakd.report import units
 from soakd.report.window_rows import series
 from soakd.telemetry.histogram import HistSnapshot
@@ -199,5 +199,32 @@ def memory_plot(name: str, t: npt.NDArray[np.float64], v: npt.NDArray[np.float64
         ax.set_ylabel("MiB")
         if not math.isclose(float(np.nanmax(ys)), float(np.nanmin(ys))):
             ax.ticklabel_format(axis="y", useOffset=False)
+        _legend_outside(ax)
+        return _svg(fig)
+
+
+def arrivals_plot(arrivals: ReplayArrivals) -> str:
+    """A replayed trace's arrivals per minute (by intended time) beside the achieved: sent and
+    completed per minute. A gap between them is the server, or soakd, falling behind."""
+    width = float(arrivals.bucket_seconds) or 60.0
+    per_minute = 60.0 / width
+    with plt.rc_context(STYLE):
+        fig, ax = _figure(2.6)
+        n = max(len(arrivals.intended), len(arrivals.sent), len(arrivals.completed))
+        x = np.arange(n, dtype=np.float64) * width / 60.0
+        lines = (
+            ("intended", "trace (intended)", {"color": "#7f7f7f", "lw": 4.0, "alpha": 0.5, "zorder": 1}),
+            ("sent", "sent", {"color": "#1f77b4", "lw": 1.3, "marker": "o", "ms": 3, "zorder": 3}),
+            ("completed", "completed", {"color": "#2ca02c", "lw": 1.3, "ls": "--", "marker": "s", "ms": 3}),
+        )
+        for key, label, style in lines:
+            counts: list[int] = getattr(arrivals, key)
+            y = np.zeros(n, dtype=np.float64)
+            y[: len(counts)] = np.asarray(counts, dtype=np.float64) * per_minute
+            xs, ys = _thin(x, y)
+            ax.step(xs, ys, where="post", label=label, markevery=_markevery(xs.size), **style)
+        ax.set_xlabel("minutes since start")
+        ax.set_ylabel("requests per minute")
+        ax.set_ylim(bottom=0)
         _legend_outside(ax)
         return _svg(fig)

@@ -8,7 +8,7 @@ from typing import Any
 
 from soakd.config import redact_secrets
 from soakd.names import TARGET_METRIC_PREFIX
-from soakd.record.types import BatchSize, Percentiles, RunRecord, ScheduleLag
+from soakd.record.types import BatchSize, Percentiles, ReplayArrivals, RunRecord, ScheduleLag
 from soakd.record.write import LLM_TIMINGS
 from soakd.report import units
 from soakd.report.gate import format_limit, format_observed
@@ -115,6 +115,47 @@ def overview_rows(data: RunRecord) -> list[list[str]]:
     if isinstance(cold, dict) and cold:
         rows.append(["cold start", ", ".join(f"{k} {v}" for k, v in cold.items())])
     return rows
+
+
+def replay_rows(data: RunRecord) -> list[list[str]]:
+    """A replayed trace's figures (docs/replay.md); none without ``--replay``."""
+    rep = data.replay_block
+    if rep is None:
+        return []
+
+    def num(v: object) -> str:
+        return "-" if not isinstance(v, int | float) or isinstance(v, bool) else f"{v:g}"
+
+    rows = [
+        ["trace", f"{rep.path or '-'} ({rep.format or '?'}, {num(rep.rows)} rows over {num(rep.span_seconds)} s)"],
+        ["speed", f"{num(rep.speed)}x{', looped' if rep.loop is True else ''}, {num(rep.passes)} pass(es)"],
+        [
+            "rows",
+            f"sent {num(rep.rows_sent)}, dropped {num(rep.rows_dropped)}, skipped {num(rep.rows_skipped)}, "
+            f"bad {num(rep.rows_bad)} a pass ({num(rep.rows_bad_met)} met, counted as bad_input)",
+        ],
+        [
+            "intended / offered",
+            f"{units.with_unit(_number(rep.intended_rps), 'req/s')} / "
+            f"{units.with_unit(_number(rep.offered_rps), 'req/s')}",
+        ],
+        ["sent within 1 ms", "-" if not isinstance(rep.on_time_ratio, int | float) else f"{rep.on_time_ratio:.1%}"],
+    ]
+    if isinstance(rep.bad_lines, list) and rep.bad_lines:
+        rows.append(["first bad rows", "; ".join(rep.bad_lines)])
+    return rows
+
+
+def _number(v: object) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def replay_arrivals(data: RunRecord) -> ReplayArrivals | None:
+    """The per-minute arrivals of a replayed trace, when the record holds any."""
+    rep = data.replay_block
+    if rep is None or not isinstance(rep.arrivals, ReplayArrivals):
+        return None
+    return rep.arrivals if rep.arrivals.intended or rep.arrivals.sent else None
 
 
 def stages(data: RunRecord) -> list[str]:

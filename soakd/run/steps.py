@@ -23,7 +23,7 @@ from soakd.targets.local import LocalModelTarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.workload.bodies import BodySource
 from soakd.workload.prompts import PromptSource
-from soakd.workload.replay import local_replay, network_replay, open_trace
+from soakd.workload.replay import LengthSizer, local_replay, network_replay, open_trace
 from soakd.workload.shapes import ShapeSource
 from soakd.workload.sources import RequestSource, build_source
 from soakd.workload.traces import Trace, TraceInfo
@@ -311,7 +311,21 @@ def network_source(
     trace, scanned before connecting) those sized and timed by the trace."""
     if replay is None:
         return _network_payloads(cfg, target, early)
-    return network_replay(cfg, replay, None if target.api == "openai" else _network_payloads(cfg, target, early))
+    if target.api == "openai":
+        return network_replay(cfg, replay, None)
+    return network_replay(cfg, replay, _network_payloads(cfg, target, early), _v2_lengths(cfg, target, early))
+
+
+def _v2_lengths(cfg: Config, target: ClientTarget, early: BodySource | PromptSource | None) -> LengthSizer | None:
+    """kserve-v2 tensors (no ``--samples``) whose last dimension the model lets vary: a replayed
+    row's length sets it. None: the trace sets the timing only."""
+    if target.api != "kserve-v2" or early is not None:
+        return None
+    from soakd.targets.kserve import KServeGrpcTarget, KServeRestTarget  # loaded already (a kserve-v2 target)
+
+    assert isinstance(target, KServeGrpcTarget | KServeRestTarget)
+    shape = target.model.sequence_axis
+    return None if shape is None else LengthSizer(shape, target.encode, cfg.load.seed)
 
 
 def _network_payloads(cfg: Config, target: ClientTarget, early: BodySource | PromptSource | None) -> RequestSource:

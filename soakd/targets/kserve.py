@@ -170,8 +170,18 @@ class V2Model:
             ", ".join(str(s) for s in sent.values()),
         )
 
+    @property
+    def sequence_axis(self) -> Shape | None:
+        """The first configured request shape when its last dimension may vary (the model declares
+        -1 there, or no shape): a replayed trace then sets it to each row's length. None: fixed."""
+        assert self.input is not None, "settle() first"
+        shape = parse_shape_mix(self.input.spec)[0][0]
+        fitted = _fit((*shape[:-1], 1), self.input.declared) if shape else None
+        return shape if fitted is not None and shape[-1] > 1 else None
+
     def array(self, shape: Shape, tensor: torch.Tensor) -> tuple[list[int], np.ndarray[Any, Any]]:
-        """One pooled request tensor as the array sent: the settled datatype and shape."""
+        """One request tensor as the array sent: the settled datatype and shape (a pooled shape,
+        or a replayed row's length along :attr:`sequence_axis`)."""
         assert self.input is not None, "settle() first"
         dtype = np.dtype(V2_DATATYPES[self.input.datatype]).newbyteorder("<")
         arr = tensor.numpy()
@@ -179,7 +189,8 @@ class V2Model:
             arr = arr > 0
         elif dtype.kind in "iu":  # small non-negative values: valid as ids or indices
             arr = np.abs(arr) * 2
-        sent = self.input.sent[shape]
+        sent = self.input.sent.get(shape) or _fit(shape, self.input.declared)
+        assert sent is not None, f"{shape} does not fit {self.input.declared}"
         return sent, np.ascontiguousarray(arr.astype(dtype).reshape(sent))
 
 

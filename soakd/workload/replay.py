@@ -27,6 +27,7 @@ from soakd.workload.traces import Row, RowCounts, Trace, TraceInfo, scan
 log = logging.getLogger("soakd")
 
 MAX_SHAPES = 64  # distinct recorded shapes given a tensor each; past it, the run's own inputs
+MAX_LENGTHS = 4096  # kserve-v2: payloads kept per sequence length; past it, each row's is encoded anew
 
 Sizer = Callable[[Row], tuple[Any, Any]]
 
@@ -71,6 +72,37 @@ class TokenSizer:
             n = self.spec.high
         n = max(1, n)
         return (PAD_KEY if self.pad else (n,)), self._tokens[:n]
+
+
+class LengthSizer:
+    """A served tensor model (kserve-v2) whose last input dimension varies: the run's shape with
+    that dimension set to the row's input length, clipped to the shape's own (``--input-shapes``
+    is the maximum). Each length's payload is encoded once (at most :data:`MAX_LENGTHS` kept)."""
+
+    def __init__(self, shape: tuple[int, ...], encode: Callable[[tuple[int, ...], torch.Tensor], Any], seed: int):
+        self.shape = shape
+        self.high = shape[-1]
+        self._encode = encode
+        gen = torch.Generator().manual_seed(seed)
+        self._ids = torch.randint(1, 500, shape, generator=gen, dtype=torch.int64)  # token ids, or values
+        self._made: dict[int, tuple[Any, Any]] = {}
+        self.clipped = 0
+
+    def __call__(self, row: Row) -> tuple[Any, Any]:
+        n = row.input_tokens
+        if n is None:
+            n = row.shape[-1] if row.shape else self.high
+        if n > self.high:
+            self.clipped += 1
+            n = self.high
+        n = max(1, n)
+        made = self._made.get(n)
+        if made is None:
+            shape = (*self.shape[:-1], n)
+            made = (shape, self._encode(shape, self._ids[..., :n].contiguous()))
+            if len(self._made) < MAX_LENGTHS:
+                self._made[n] = made
+        return made
 
 
 class ShapeSizer:
@@ -118,7 +150,7 @@ class ReplaySource:
 
     @property
     def clipped(self) -> int:
-        return self._sizer.clipped if isinstance(self._sizer, TokenSizer) else 0
+        return self._sizer.clipped if isinstance(self._sizer, TokenSizer | LengthSizer) else 0
 
     def for_row(self, row: Row) -> tuple[Any, Any]:
         if self._sizer is not None:
@@ -168,8 +200,14 @@ def local_replay(cfg: Config, base: RequestSource, spec: str | None, dtype: torc
     return ReplaySource(trace, info, sizer=sizer, base=base, describe=describe)
 
 
-def network_replay(cfg: Config, replay: tuple[Trace, TraceInfo], base: RequestSource | None) -> ReplaySource:
-    """``--replay`` to a served model: openai prompts of each row's size; for http and kserve-v2
+def network_replay(
+    cfg: Config,
+    replay: tuple[Trace, TraceInfo],
+    base: RequestSource | None,
+    lengths: LengthSizer | None = None,
+) -> ReplaySource:
+    """``--replay`` to a served model: openai prompts of each row's size; kserve-v2 tensors of
+    each row's length (``lengths``, where the model's last input dimension varies); otherwise
     the trace's timing, with the bodies or tensors the run would send anyway."""
     if cfg.target.api == "openai":
         sizer = PromptSizer(cfg)
@@ -177,6 +215,10 @@ def network_replay(cfg: Config, replay: tuple[Trace, TraceInfo], base: RequestSo
         describe = f"prompts of the trace's input tokens ({how}), max_tokens its output tokens"
         return ReplaySource(*replay, sizer=sizer, base=None, describe=describe)
     assert base is not None
-    return ReplaySource(
-        *replay, sizer=None, base=base, describe=f"the trace's timing; {cfg.target.api} payloads as without it"
-    )
+    if lengths is not None:
+        shape = "x".join(map(str, lengths.shape))
+        describe = f"tensors of {shape} with the last dimension the row's input length (at most {lengths.high})"
+    else:
+        describe = f"the trace's timing; {cfg.target.api} payloads as without it"
+    log.info("replay sizes: %s", describe)
+    return ReplaySource(*replay, sizer=lengths, base=base, describe=describe)

@@ -44,13 +44,14 @@ def _sweep_network(cfg: Config, ns: argparse.Namespace, sweep: SweepPlan, out: T
     if len({s["max_batch_size"] for s in sweep.steps}) > 1:
         raise ConfigError("--max-batch-size: a served model batches on the server; sweep --concurrency or --rate")
     early = shared.read_inputs(cfg)
+    replay = shared.open_replay(cfg)  # a bad trace: exit 2 before anything connects
     opened = copy.deepcopy(cfg)
     if sweep.mode == "concurrency":
         opened.load.concurrency = max(int(s["concurrency"]) for s in sweep.steps)
         opened.load.rate = None
     target, connect_s = shared.open_network_target(opened, Metrics())
     try:
-        source = shared.network_source(cfg, target, early)
+        source = shared.network_source(cfg, target, early, replay)
         warm = shared.warm_up_target(cfg, target, source, StopFlag().event)
         st = SweepTarget(target, lambda _c: source)
         return _sweep(cfg, ns, sweep, st, shared.target_cold_start(connect_s, warm, cfg.model.warmup), out)

@@ -16,8 +16,8 @@ from soakd.config import Config, ConfigError, parse_duration
 
 @dataclass
 class SweepPlan:
-    mode: str  # "concurrency" or "rate"
-    steps: list[dict[str, Any]]  # each {"concurrency" | "rate": v, "max_batch_size": b}
+    mode: str  # "concurrency", "rate" or "replay_speed"
+    steps: list[dict[str, Any]]  # each {"concurrency" | "rate" | "replay_speed": v, "max_batch_size": b}
     step_duration: float | None
     window: float
     min_step: float
@@ -74,11 +74,16 @@ def plan(cfg: Config, ns: argparse.Namespace) -> SweepPlan:
     conc = _parse_list(ns.sweep_concurrency, "--concurrency", _Concurrency)
     rate = _parse_list(ns.sweep_rate, "--rate", float)
     batch = _parse_list(ns.sweep_max_batch_size, "--max-batch-size", int) or [cfg.batcher.max_batch_size]
+    speed = _parse_list(getattr(ns, "sweep_replay_speed", None), "--replay-speed", float)
     if conc and rate:
         raise ConfigError("--concurrency and --rate: sweep one load mode (closed or open loop), not both")
-    if cfg.load.replay is not None:  # its steps set rate or concurrency; a speed sweep is not built yet
-        raise ConfigError("load.replay: soakd sweep does not replay traces; use soakd run --replay --replay-speed X")
-    if rate or (not conc and cfg.load.open_loop):
+    if cfg.load.replay is not None:  # the trace sets the arrivals: its steps are speeds (docs/replay.md)
+        if conc or rate:
+            raise ConfigError("--concurrency, --rate: a replayed trace sets the arrivals; sweep --replay-speed LIST")
+        mode, loads = "replay_speed", speed or [cfg.load.replay_speed]
+    elif speed:
+        raise ConfigError("--replay-speed: sweeps the speed of a replayed trace; give it with --replay FILE")
+    elif rate or (not conc and cfg.load.open_loop):
         mode, loads = "rate", rate or [cfg.load.rate]
     else:
         mode, loads = "concurrency", conc or [_Concurrency(str(cfg.load.concurrency or 8))]
@@ -115,6 +120,9 @@ def step_config(cfg: Config, step: dict[str, Any]) -> Config:
     c = copy.deepcopy(cfg)
     c.load.concurrency = step.get("concurrency")
     c.load.rate = step.get("rate")
+    if "replay_speed" in step:  # a step runs until stable: the trace wraps for as long as it takes
+        c.load.replay_speed = step["replay_speed"]
+        c.load.replay_loop = True
     c.load.duration = None
     c.batcher.max_batch_size = step["max_batch_size"]
     return c

@@ -78,7 +78,14 @@ def step_figures(index: int, r: StepResult) -> dict[str, Any]:
             "error_ratio": error_ratio(requests),
         }
     )
+    if "rate" in r.settings or "replay_speed" in r.settings:  # an open loop: what arrived, beside what was served
+        out["offered_rps"] = round((_arrived(b) - _arrived(a)) / dt, 3)
     return out
+
+
+def _arrived(m: Mark) -> int:
+    """Requests that had arrived by the mark: finished (dropped included) or in flight."""
+    return sum(m.stats.completed.values()) + m.stats.inflight
 
 
 def judge_errors(steps: list[dict[str, Any]], slo: SloConfig) -> None:
@@ -109,7 +116,7 @@ def find_knee(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def _brief(step: dict[str, Any]) -> dict[str, Any]:
-    keys = ("index", "concurrency", "rate", "max_batch_size", "throughput_rps", "p99_ms", "stable")
+    keys = ("index", "concurrency", "rate", "replay_speed", "max_batch_size", "throughput_rps", "p99_ms", "stable")
     return {k: step[k] for k in keys if k in step}
 
 
