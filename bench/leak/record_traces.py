@@ -40,7 +40,7 @@ def export(db: Path, name: str, out: Path = OUT) -> list[Path]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model", help="the model to soak (required unless --from-db)")
     ap.add_argument("--name", required=True)
     ap.add_argument("--mib-per-s", type=float, default=None, help="leak_host's leak rate")
     ap.add_argument("--duration", default="240s")
@@ -50,6 +50,8 @@ def main() -> int:
     if ns.from_db is not None:
         print("\n".join(map(str, export(ns.from_db, ns.name))))
         return 0
+    if ns.model is None:
+        ap.error("--model is required (or --from-db to export a recorded run)")
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "soakd.toml"
         opts = f"[model.options]\nmib_per_s = {ns.mib_per_s}\n" if ns.mib_per_s is not None else ""
