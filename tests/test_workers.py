@@ -219,7 +219,7 @@ def test_two_workers_streaming_merge_ttft_itl_tpot_exactly(tmp_path: Path) -> No
     for key in ("input_tokens", "output_tokens", "goodput_requests"):
         assert llm[key] == sum(p[key] for p in parts), key
     for name in ("ttft", "itl", "tpot"):
-        one = {}
+        one: dict[int, int] = {}
         for p in parts:
             for i, c in zip(p["histograms"][name]["i"], p["histograms"][name]["c"], strict=True):
                 one[i] = one.get(i, 0) + c
