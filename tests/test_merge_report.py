@@ -12,9 +12,11 @@ import argparse
 import contextlib
 import io
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -22,7 +24,9 @@ from soakd.cli import main
 from soakd.report.command import compare_command
 from soakd.report.fleet import hists_from_json
 from soakd.report.inputs import load_report
+from soakd.run.summary import llm_block
 from soakd.state import StateStore, WindowRow
+from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.histogram import LogHistogram
 
 N_SHARDS = 3
@@ -192,3 +196,75 @@ def test_markdown_and_html_show_the_shards(split_soak: dict[str, Any], fmt: str)
     assert "Shards" in text and "every part present and healthy" in text
     for i in range(N_SHARDS):
         assert f"{i}/{N_SHARDS}" in text
+
+
+# --------------------------------------------------------------------------- --api openai
+
+
+def _write_llm_driver(state: Path, run_id: str, shard: str, streams: list[tuple[float, np.ndarray, int]]) -> None:
+    """A streaming driver's run: its requests in the state, and the summary its end wrote, whose
+    ``llm`` block soakd's own ``llm_block`` makes from the stream metrics it recorded."""
+    _write_driver(state, run_id, shard, [(np.asarray([t for t, _, _ in streams]), np.zeros(len(streams)), 0)])
+    metrics = Metrics()
+    for ttft, gaps, tokens in streams:
+        metrics.ttft.labels("").observe(ttft)
+        metrics.itl.labels("").observe_many(gaps)
+        metrics.tpot.labels("").observe(float(gaps.mean()))
+        metrics.tokens.labels("output").inc(tokens)
+        metrics.tokens.labels("input").inc(16)
+        metrics.goodput.inc()
+    summary = {"run_id": run_id, "requests": {"ok": len(streams)}, "latency_ms": {}, "llm": llm_block(metrics, 1.0)}
+    (state / run_id).mkdir(exist_ok=True)
+    (state / run_id / "summary.json").write_text(json.dumps(summary))
+
+
+@pytest.fixture(scope="module")
+def llm_soak(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One streaming soak's requests measured by one driver, and the same split over 3 shards by
+    index (a stream and all its token gaps go to one shard)."""
+    tmp = tmp_path_factory.mktemp("llm")
+    rng = np.random.default_rng(3838)
+    streams = [
+        (float(rng.lognormal(np.log(0.08), 0.5)), rng.lognormal(np.log(0.01), 0.4, n), int(n) + 1)
+        for n in rng.integers(4, 40, 900)
+    ]
+    _write_llm_driver(tmp / "whole", "whole", "", streams)
+    for i in range(N_SHARDS):
+        _write_llm_driver(tmp / f"shard-{i}", f"run-{i}", f"{i}/{N_SHARDS}", streams[i::N_SHARDS])
+    return {"whole": tmp / "whole", "shards": [tmp / f"shard-{i}" for i in range(N_SHARDS)], "tmp": tmp}
+
+
+def test_ttft_itl_tpot_merge_into_the_same_buckets_and_percentiles_as_one_driver(llm_soak: dict[str, Any]) -> None:
+    rc, merged, err = merged_report("--merge", *map(str, llm_soak["shards"]))
+    assert rc == 0, err
+    whole = load_report(llm_soak["whole"]).record.llm_block
+    assert whole is not None and whole.histograms is not None
+    single, hists = hists_from_json(whole.histograms, "whole"), hists_from_json(merged["llm"]["histograms"], "merged")
+    assert single is not None and hists is not None and set(hists) == set(single) == {"ttft", "itl", "tpot"}
+    for name, h in single.items():
+        np.testing.assert_array_equal(hists[name].counts, h.counts, err_msg=name)
+        assert hists[name].maximum == h.maximum
+    for key in ("ttft_ms", "itl_ms", "tpot_ms"):
+        mine = msgspec.to_builtins(getattr(whole, key))
+        for q in ("p50", "p90", "p99", "p999", "max", "count"):
+            assert merged["llm"][key][q] == mine[q], (key, q)
+        assert merged["llm"][key]["mean"] == pytest.approx(mine["mean"], rel=1e-9)
+    assert merged["llm"]["output_tokens"] == whole.output_tokens and merged["llm"]["goodput_requests"] == 900
+    assert merged["llm"]["input_tokens"] == whole.input_tokens == 900 * 16
+    # A merged JSON merges again exactly, its llm block with it.
+    path = llm_soak["tmp"] / "merged.json"
+    path.write_text(json.dumps(merged))
+    assert merged_report("--merge", str(path))[1]["llm"]["histograms"] == merged["llm"]["histograms"]
+
+
+def test_a_part_without_llm_histograms_leaves_the_timings_unmerged_and_says_so(llm_soak: dict[str, Any]) -> None:
+    old = llm_soak["tmp"] / "old"
+    shutil.copytree(llm_soak["shards"][2], old)
+    summary_path = old / "run-2" / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    del summary["llm"]["histograms"]  # a summary from before the histograms were kept
+    summary_path.write_text(json.dumps(summary))
+    rc, merged, _ = merged_report("--merge", *map(str, llm_soak["shards"][:2]), str(old))
+    assert rc == 0
+    assert merged["llm"]["ttft_ms"] is None and merged["llm"]["output_tokens"] > 0
+    assert any("no merged TTFT/ITL/TPOT" in n and str(old) in n for n in merged["merge"]["notes"])

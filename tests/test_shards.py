@@ -26,6 +26,8 @@ from soakd.config.parse import parse_instant
 from soakd.load.arrivals import gaps, shard_gaps
 from soakd.load.executors import ClosedLoop, OpenLoop
 from soakd.run.shard import START_GATE_ENV, measure_skew, one_watcher
+from soakd.workload.replay import open_trace
+from soakd.workload.traces import RowCounts
 from tests.conftest import REPO, free_port, soakd_cmd, wait_for
 
 SERVER = REPO / "tests" / "http_target_server.py"
@@ -205,3 +207,27 @@ def test_a_shard_that_starts_late_joins_the_schedule_where_it_stands() -> None:
     assert abs(mine[k] - sent) < 0.01  # one of its own arrivals of the one process
     assert loop.skipped == k  # every one before it skipped, ...
     assert mine[k - 1] < now + 0.01 and mine[k] >= now - 0.01  # ... and those alone: they were past
+
+
+def test_replayed_rows_split_by_index_each_row_once(tmp_path: Path) -> None:
+    """``--replay`` with ``--shard I/N`` (and so ``--workers N``): row i in time order goes to
+    shard i mod N, so the shards' rows together are the trace, none twice; every shard keeps the
+    whole trace's clock (its first row and span), so their schedules line up."""
+    trace = tmp_path / "trace.jsonl"
+    # out of order within the sort window, and one bad row: the split is of the rows as replayed
+    stamps = [0, 40, 20, 60, 80, 100, 130, 120, 150, 170, 200]
+    lines = [json.dumps({"timestamp": t, "input_length": 10 + k, "output_length": 5}) for k, t in enumerate(stamps)]
+    trace.write_text("\n".join([*lines[:4], "{not json", *lines[4:]]) + "\n")
+    base = {"load.replay": str(trace), "load.replay_sort_window": "4"}
+    whole_trace, whole_info = open_trace(load_config(None, base))
+    whole = [(r.t, r.line) for r in whole_trace.rows(RowCounts())]
+    assert len(whole) == len(stamps)
+    for n in (1, 2, 3, 4):
+        sent: list[tuple[float, int]] = []
+        for i in range(n):
+            part_trace, info = open_trace(load_config(None, {**base, "load.shard": f"{i}/{n}"}))
+            assert (info.first_t, info.span_seconds, info.rows) == (whole_info.first_t, whole_info.span_seconds, 11)
+            part = [(r.t, r.line) for r in part_trace.rows(RowCounts())]
+            assert part == whole[i::n]
+            sent += part
+        assert sorted(sent) == sorted(whole) and len(set(sent)) == len(sent), n

@@ -15,11 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from soakd.config import ConfigError, load_config
 from soakd.run.worker_metrics import MergedMetrics
+from soakd.telemetry.catalogue import Metrics
 from tests.conftest import REPO, free_port, scrape, soakd_cmd, wait_for
 
 SERVER = REPO / "tests" / "http_target_server.py"
@@ -42,6 +45,43 @@ def test_a_restarted_workers_counters_never_go_down() -> None:
     assert merged.total("soakd_requests_total", outcome="ok") == 140
     merged.update(1, page.format(5))  # worker 1 restarted
     assert merged.total("soakd_requests_total", outcome="ok") == 145
+
+
+def test_per_token_histograms_merge_bucket_by_bucket_on_the_parents_page() -> None:
+    """TTFT, ITL and TPOT as the workers export them: the merged page's buckets are those of
+    one soakd that measured every stream (the same grid everywhere, so the sum is exact)."""
+    rng = np.random.default_rng(38)
+    streams = [(float(rng.lognormal(np.log(0.08), 0.5)), rng.lognormal(np.log(0.01), 0.4, 12)) for _ in range(600)]
+
+    def page(part: list[tuple[float, np.ndarray]]) -> str:
+        metrics = Metrics()
+        for ttft, gaps in part:
+            metrics.ttft.labels("").observe(ttft)
+            metrics.itl.labels("").observe_many(gaps)
+            metrics.tpot.labels("").observe(float(gaps.mean()))
+        return generate_latest(metrics.registry).decode()
+
+    merged = MergedMetrics(2)
+    merged.update(0, page(streams[0::2]))
+    merged.update(1, page(streams[1::2]))
+    registry = CollectorRegistry()
+    registry.register(merged)
+    one = page(streams)
+    families = ("soakd_time_to_first_token_seconds", "soakd_inter_token_latency_seconds")
+    for family in (*families, "soakd_time_per_output_token_seconds"):
+        for suffix in ("_bucket", "_count"):
+            want = {tuple(sorted(s.labels.items())): s.value for s in samples(one, family + suffix)}
+            got = {
+                tuple(sorted(s.labels.items())): s.value
+                for s in samples(generate_latest(registry).decode(), family + suffix)
+            }
+            assert got == want and want, family + suffix
+        total = [s.value for s in samples(generate_latest(registry).decode(), family + "_sum")]
+        assert total == pytest.approx([s.value for s in samples(one, family + "_sum")], rel=1e-9)
+
+
+def samples(page: str, name: str) -> list[Any]:
+    return [s for fam in text_string_to_metric_families(page) for s in fam.samples if s.name == name]
 
 
 @pytest.fixture
@@ -148,3 +188,41 @@ def test_a_killed_worker_is_restarted_and_sigterm_drains_them_all(target: str, t
     shard1 = summary["shards"][1]
     assert shard1["restarts"] == 1 and shard1["unclean_exits"] == 1 and shard1["failed"] is None
     assert summary["requests"]["ok"] >= before
+
+
+OPENAI = REPO / "tests" / "openai_fake_server.py"
+
+
+def test_two_workers_streaming_merge_ttft_itl_tpot_exactly(tmp_path: Path) -> None:
+    """``--api openai`` streams from 2 workers: the summary's TTFT/ITL/TPOT are the workers'
+    histograms added bucket by bucket, its token counts their sums."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(OPENAI), str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().startswith("ready")
+        args = [
+            "--target", f"http://127.0.0.1:{port}/v1", "--api", "openai", "--rate", "40", "--workers", "2",
+            "--duration", "3s", "--warmup", "2", "--input-shapes", "seq:fixed(n=20)", "--output-tokens", "8",
+            "--state-dir", str(tmp_path / "state"), "--summary-json", str(tmp_path / "summary.json"),
+            "--metrics-addr", "127.0.0.1:0",
+        ]  # fmt: skip
+        res = subprocess.run(soakd_cmd("run", *args), cwd=REPO, capture_output=True, text=True, timeout=180)
+    finally:
+        server.kill()
+        server.wait()
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "TTFT p99" in res.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    parts = [json.loads(Path(w["state_dir"], "summary.json").read_text())["llm"] for w in summary["workers"]]
+    llm, ok = summary["llm"], summary["requests"]["ok"]
+    assert ok > 20 and llm["ttft_ms"]["count"] == ok and llm["itl_ms"]["count"] == 7 * ok
+    for key in ("input_tokens", "output_tokens", "goodput_requests"):
+        assert llm[key] == sum(p[key] for p in parts), key
+    for name in ("ttft", "itl", "tpot"):
+        one: dict[int, int] = {}
+        for p in parts:
+            for i, c in zip(p["histograms"][name]["i"], p["histograms"][name]["c"], strict=True):
+                one[i] = one.get(i, 0) + c
+        merged = llm["histograms"][name]
+        assert dict(zip(merged["i"], merged["c"], strict=True)) == one, name
+        assert merged["max"] == max(p["histograms"][name]["max"] for p in parts)

@@ -141,6 +141,8 @@ class LlmBlock(Record):
     output_tokens_per_second: Number | None = None
     goodput_requests: int | None = None
     goodput_rps: Number | None = None
+    # ttft, itl, tpot in seconds, as ``latency_histograms`` holds them: drivers merge them exactly
+    histograms: dict[str, dict[str, Any]] | None = None
 
 
 class TargetBlock(Record):

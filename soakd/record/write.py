@@ -32,6 +32,12 @@ def stage_summary(snap: HistSnapshot) -> dict[str, Any]:
     return out
 
 
+def hist_json(snap: HistSnapshot) -> dict[str, Any]:
+    """A histogram as the state database and the JSON records store it: its non-empty buckets'
+    indexes and counts, its sum and its max (``HistSnapshot.from_sparse`` reads it back)."""
+    return {**snap.to_sparse(), "sum": snap.total, "max": snap.maximum}
+
+
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
     """Write then rename, so a reader never sees half a file (and a crash leaves the old one)."""
     target = Path(path)

@@ -36,12 +36,21 @@ from soakd.config import SloConfig, load_config
 from soakd.config.parse import parse_shard
 from soakd.errors import ConfigError, Exit, StateError
 from soakd.record.types import RunRecord
-from soakd.record.write import stage_summary, to_json_object, write_text_private
-from soakd.report.fleet import FleetSourceError, GpuRun, Hists, hists_to_json, load_sources, merge_hists
+from soakd.record.write import LLM_TIMINGS, stage_summary, to_json_object, write_text_private
+from soakd.report.fleet import (
+    FleetSourceError,
+    GpuRun,
+    Hists,
+    hists_from_json,
+    hists_to_json,
+    load_sources,
+    merge_hists,
+)
 from soakd.report.inputs import saved_summary
 from soakd.telemetry.catalogue import STAGES
 from soakd.verdicts.slo import error_ratio, slo_block
 
+LLM_HISTS = ("ttft", "itl", "tpot")  # llm.histograms' keys, in LLM_TIMINGS' order
 SHARDS_CHECK = "shards complete"  # the SLO check a missing or failed shard fails
 
 
@@ -211,6 +220,36 @@ def _memory(parts: Sequence[Part]) -> dict[str, dict[str, Any]]:
     return out
 
 
+LLM_COUNTS = ("input_tokens", "output_tokens", "goodput_requests")  # add across parts
+LLM_RATES = ("output_tokens_per_second", "goodput_rps")  # add, as throughputs do
+
+
+def _llm(parts: Sequence[Part]) -> tuple[dict[str, Any] | None, list[str]]:
+    """The soak's ``llm`` block (``--api openai``): TTFT, ITL and TPOT from the parts' histograms
+    added bucket by bucket (the percentiles of every stream, as ``latency_ms``), token and
+    goodput counts and rates summed. A part without the histograms (an older summary) leaves
+    the timings unmerged, and says so, rather than a mean of percentiles."""
+    blocks = [(p, p.data.get("llm")) for p in parts]
+    held = [(p, b) for p, b in blocks if isinstance(b, dict)]
+    if not held:
+        return None, []
+    out: dict[str, Any] = {}
+    for key in LLM_COUNTS:
+        out[key] = sum(int(b.get(key) or 0) for _, b in held)
+    for key in LLM_RATES:
+        out[key] = round(sum(float(b.get(key) or 0.0) for _, b in held), 3)
+    bare = [p.run.name for p, b in blocks if not isinstance(b, dict) or b.get("histograms") is None]
+    if bare:
+        for _, key in LLM_TIMINGS:
+            out[key] = None
+        return out, ["no merged TTFT/ITL/TPOT: no llm histograms in " + ", ".join(bare)]
+    hists = merge_hists(hists_from_json(b["histograms"], f"{p.run.source} (llm)") or {} for p, b in held)
+    for name, key in zip(LLM_HISTS, (k for _, k in LLM_TIMINGS), strict=True):
+        out[key] = stage_summary(hists[name]) if name in hists else None
+    out["histograms"] = hists_to_json(hists)
+    return out, []
+
+
 def _run_slo(parts: Sequence[Part]) -> SloConfig:
     """The first part's own ``[slo]`` (every shard of one soak runs one config)."""
     config: dict[str, Any] = (parts[0].data.get("run") or {}).get("config") or {}
@@ -262,6 +301,8 @@ def build_merged(parts: Sequence[Part], slo: SloConfig | None = None) -> tuple[d
             + " (a summary JSON; give its state dir or report JSON)"
         ]
     )
+    llm, llm_notes = _llm(parts)
+    merge["notes"] += llm_notes
     durations = [float(p.data.get("duration_seconds") or 0.0) for p in parts]
     downs = [float((p.data.get("target") or {}).get("down_seconds") or 0.0) for p in parts if p.data.get("target")]
     data: dict[str, Any] = {
@@ -281,6 +322,8 @@ def build_merged(parts: Sequence[Part], slo: SloConfig | None = None) -> tuple[d
     offered = [p.data.get("offered_rps") for p in parts]
     if all(isinstance(o, int | float) for o in offered):
         data["offered_rps"] = round(sum(float(o) for o in offered if o is not None), 3)
+    if llm is not None:
+        data["llm"] = llm
     if downs:  # the target was down as long as the part that saw it down longest
         data["target"] = {"down_seconds": max(downs)}
     block = to_json_object(slo_block(slo if slo is not None else _run_slo(parts), msgspec.convert(data, RunRecord)))

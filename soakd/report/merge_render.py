@@ -35,7 +35,7 @@ def merge_line(data: dict[str, Any]) -> str:
     spread = m.get("start_spread_seconds")
     when = f", from {m['started_at']} to {m['ended_at']}" if m.get("started_at") else ""
     starts = f" (starts {spread:.0f} s apart)" if spread else ""
-    exact = "" if m["latency_exact"] else "; " + "; ".join(m["notes"])
+    exact = "; " + "; ".join(m["notes"]) if m["notes"] else ""
     return f"Merged from {parts}{when}{starts}: {state}{exact}"
 
 

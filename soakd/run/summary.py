@@ -12,7 +12,7 @@ import numpy as np
 from soakd.config import Config
 from soakd.load.replay import ReplayLoop
 from soakd.record.types import BatchSize, Percentiles, RunRecord
-from soakd.record.write import LLM_TIMINGS, stage_summary
+from soakd.record.write import LLM_TIMINGS, hist_json, stage_summary
 from soakd.run.windows import Delta
 from soakd.verdicts.memory import memory_block
 from soakd.verdicts.slo import slo_block
@@ -79,15 +79,19 @@ def llm_block(metrics: Metrics, elapsed: float) -> dict[str, Any]:
 
     out_tokens = count("soakd_tokens_total", {"kind": "output"})
     goodput = count("soakd_goodput_requests_total")
+    snaps = {"ttft": metrics.ttft.labels("").snapshot(), "itl": metrics.itl.labels("").snapshot()}
+    snaps["tpot"] = metrics.tpot.labels("").snapshot()
     return {
-        "ttft_ms": stage_summary(metrics.ttft.labels("").snapshot()),
-        "itl_ms": stage_summary(metrics.itl.labels("").snapshot()),
-        "tpot_ms": stage_summary(metrics.tpot.labels("").snapshot()),
+        "ttft_ms": stage_summary(snaps["ttft"]),
+        "itl_ms": stage_summary(snaps["itl"]),
+        "tpot_ms": stage_summary(snaps["tpot"]),
         "input_tokens": count("soakd_tokens_total", {"kind": "input"}),
         "output_tokens": out_tokens,
         "output_tokens_per_second": round(out_tokens / elapsed, 3),
         "goodput_requests": goodput,
         "goodput_rps": round(goodput / elapsed, 3),
+        # the buckets themselves, so that drivers' timings merge exactly (soakd report --merge)
+        "histograms": {name: hist_json(snap) for name, snap in snaps.items() if snap.count},
     }
 
 

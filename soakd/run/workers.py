@@ -34,7 +34,7 @@ from soakd.config import Config
 from soakd.endpoints import EndpointServer
 from soakd.errors import Exit, RunFailed
 from soakd.record.types import SloBlock
-from soakd.record.write import write_json_atomic
+from soakd.record.write import LLM_TIMINGS, write_json_atomic
 from soakd.report.fleet import FleetSourceError
 from soakd.report.gate import print_verdict
 from soakd.report.merge import build_merged, load_parts
@@ -246,6 +246,10 @@ def _conclude(cfg: Config, workers: list[Worker], merged: MergedMetrics, root: P
         f"{data['throughput_rps']:.1f} req/s, e2e p99 {e2e.get('p99')} ms",
         file=out,
     )
+    llm = data.get("llm")
+    if llm:
+        timings = ", ".join(f"{name} p99 {(llm.get(key) or {}).get('p99')} ms" for name, key in LLM_TIMINGS)
+        print(f"  {timings}; tokens out {llm['output_tokens']}", file=out)
     if died:
         print(f"workers restarted: {'; '.join(died)}", file=out)
     print_verdict(msgspec.convert(data["slo"], SloBlock), out)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from soakd.config import Config
+from soakd.config.parse import parse_shard
 from soakd.specs import SeqLenSpec, is_seq_spec, parse_seq_spec
 from soakd.workload.replay_prompts import PromptSizer
 from soakd.workload.seqlen import PAD_KEY
@@ -37,7 +38,8 @@ def open_trace(cfg: Config) -> tuple[Trace, TraceInfo]:
     ld = cfg.load
     assert ld.replay is not None
     trace = Trace(ld.replay, ld.replay_format, keep_failed=ld.replay_keep_failed, sort_window=ld.replay_sort_window)
-    info = scan(trace)
+    info = scan(trace)  # the whole trace: every shard keeps its clock (first row, span)
+    trace.shard = parse_shard(ld.shard)  # then --shard I/N (a --workers worker's too) sends its rows
     log.info(
         "replaying %s: %s, %d rows over %.3fs at %gx%s (%d skipped, %d bad)",
         info.path,

@@ -151,6 +151,7 @@ class Trace:
     def __init__(self, path: str, fmt: str = "auto", *, keep_failed: bool = False, sort_window: int = 0) -> None:
         self.path = path
         self.keep_failed = keep_failed
+        self.shard: tuple[int, int] | None = None  # (I, N) of --shard I/N: rows() yields its share
         with self._open() as fh:
             first = self._first_line(fh)
         self.format, self._columns = self._detect(first, fmt)
@@ -211,7 +212,19 @@ class Trace:
     # ------------------------------------------------------------------ reading
 
     def rows(self, counts: RowCounts) -> Generator[Row]:
-        """The rows in time order, streamed; bad and skipped rows go to ``counts``. A timestamp
+        """The rows in time order, streamed; with ``shard`` (I, N) set, only row i (in time order,
+        from 0, each pass alike) for which i mod N is I: the N drivers of a ``--shard I/N`` or
+        ``--workers N`` soak send the trace between them, each row once."""
+        if self.shard is None:
+            yield from self._ordered(counts)
+            return
+        index, count = self.shard
+        for i, row in enumerate(self._ordered(counts)):
+            if i % count == index:
+                yield row
+
+    def _ordered(self, counts: RowCounts) -> Generator[Row]:
+        """Every row in time order, streamed; bad and skipped rows go to ``counts``. A timestamp
         that steps back past the sort window raises ConfigError naming its line."""
         raw = self._raw(counts)
         if self.sort_window == 0:
