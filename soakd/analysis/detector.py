@@ -15,19 +15,16 @@ At every look (every evaluation of the live monitor, every step of a replay):
     slope's variance over any span at this noise, whatever its autocorrelation; a span needs
     twice its length of noise behind it, unless the noise is seen to forget
     (:func:`soakd.analysis.trend.forgets`): then the whole history is one span;
-  * until SEEN of the window has been judged, a span is flagged only at FAR times its
-    threshold z (slow swings not yet seen to turn);
+  * until SEEN of the window has been judged (slow swings not yet seen to turn), a span is
+    flagged only at FAR times its threshold z and rising SWING_RISE times the largest fall seen;
   * spans of the newest ``min_span``, 2x, 4x ... up to ``window`` seconds are tested, each
     after taking out its single largest level shift if one stands out (a new input shape is
     not a leak; a staircase still trends). The false-alarm budget ``alpha`` is spent over an
     unbounded run (:meth:`DetectorParams.span_alpha`): judged time is cut into epochs of
     1 day, 1 day, 2, 4, 8 ... days; epoch j gets ``alpha * 6 / (pi^2 (j+1)^2)`` (the sum over
     every epoch is alpha), shared equally among the spans and, within a span, among the
-    epoch's L / d independent looks at a span of d seconds. A Bonferroni bound over a
-    countable set of looks: the chance of any false alarm over a run of any length stays
-    below ``alpha`` (neighbouring looks share data, which makes it conservative), and a
-    week-long soak is as safe as a day. A strong leak crosses on the shortest span within
-    minutes of warm-up; a faint one on a long span once the data carry it;
+    epoch's L / d independent looks at a span of d seconds: a Bonferroni bound over a
+    countable set of looks, so a week-long soak is as safe as a day;
   * a flagged span must also grow at least at the series' floor (bytes/hour) and must not be
     settling: a leak's rate does not decay, so a span whose rate is significantly below the
     rate of the span of equal length before it (the troughs reaching back into warm-up), or
@@ -37,12 +34,11 @@ At every look (every evaluation of the live monitor, every step of a replay):
     coming, not at ever longer gaps as an allocator settling steps) is a leak too when its
     trend stands out from the noise without the shifts: taking out the largest shift hides
     it from the span tests, whose noise holds the other shifts.
-The verdict flips to suspected on the first flagged look. It clears only after the signs
-have been gone for ``persistence`` seconds: a suspected series "holds" while some span still
-rises at z >= 2 and half the floor.
+The verdict flips on the first flagged look; it clears after its signs (some span rising at
+z >= 2 and half the floor) have been gone for ``persistence`` seconds.
 
-Every look also gives the detectable slope: the smallest leak that would have been flagged
-with 90% probability at the fitted noise, over the spans judged so far.
+Every look also gives the detectable slope: the smallest leak flagged with 90% probability
+at the fitted noise, over the spans judged so far.
 
 Pure numpy (no torch, no scipy.stats), so ``soakd analyze`` starts fast.
 """
@@ -89,6 +85,7 @@ STAIR_SETTLING = 1.25  # gaps each at least this much longer than the one before
 STAIR_OPEN = 2.0  # steps have stopped once the newest gap is this many times the longest
 STEP_SETTLE = 900.0  # seconds: a level shift that settles within this counts as one step
 SEEN = 1.0 / 3  # of the window (2 h of 6 h): less judged history than this has not shown slow swings turn
+SWING_RISE = 2.0  # before that, a rise must also be this many times the largest fall seen
 FAR = 2.0  # before that, a span is flagged only at this many times its threshold z
 
 
@@ -278,8 +275,9 @@ class Grid:
         spans = sorted(chosen)
         _, self.trough_points, y, _ = chosen[spans[-1]]
         judged_for = (m - w) * p.bin  # the alpha spending's clock
+        swing = _largest_fall(self.b[:m])
         results = [
-            self._span(yk, quiet, n, floor, self._envelope(kk, 0)[:m], judged_for)
+            self._span(yk, quiet, n, floor, self._envelope(kk, 0)[:m], judged_for, swing)
             for n, (_, kk, yk, quiet) in sorted(chosen.items())
         ]
         stair = self._staircase(y[-win:], floor, judged_for)
@@ -409,7 +407,9 @@ class Grid:
             return None
         return _Span(seg.size, slope, se, p_adj, positive, holds, math.inf, "", len(ups))
 
-    def _span(self, history: Array, noise: Array, n: int, floor: float, full: Array, judged: float) -> _Span:
+    def _span(
+        self, history: Array, noise: Array, n: int, floor: float, full: Array, judged: float, swing: float = 0.0
+    ) -> _Span:
         p = self.params
         per_hour = 3600.0 / p.bin
         y = history[-n:]
@@ -434,6 +434,9 @@ class Grid:
             # Too little data to have seen the series' slow swings (a load cycle, a long GC
             # period, an arena still settling) turn: only a rise far beyond the noise seen so far.
             positive, why = False, f"not judged yet: {_dur(history.size * p.bin)} of data"
+        if positive and history.size * p.bin < SEEN * p.window and slope * n / per_hour < SWING_RISE * swing:
+            # Bounded swings rise at most by their range (the largest fall seen since the start).
+            positive, why = False, f"not judged yet: swings of {swing / MIB:.3g} MiB seen in {_dur(full.size * p.bin)}"
         if positive and slope < floor:
             positive, why = False, f"slope {slope / MIB:.2f} MiB/h below the floor {floor / MIB:.2f} MiB/h"
         if positive and n >= 10:
@@ -469,6 +472,12 @@ class Grid:
                     positive = False
         holds = z >= HOLD_Z and slope >= 0.5 * floor
         return _Span(n, slope, se, p_adj, positive, holds, detectable, why)
+
+
+def _largest_fall(b: Array) -> float:
+    """The largest fall of the bin minima ``b`` (nan gaps skipped): the range of the swings seen."""
+    y = b[np.isfinite(b)]
+    return float(np.max(np.maximum.accumulate(y) - y)) if y.size else 0.0
 
 
 def _dur(seconds: float) -> str:
