@@ -3,11 +3,19 @@
 # (tests/tiers.py says what each holds). Extra arguments go to every pytest call, e.g.
 # `scripts/test.sh -k leak`. The end-to-end tier waits mostly on its subprocesses' clocks, so it
 # runs on SOAKD_TEST_JOBS workers (3 by default on this 2-core machine; 1 turns xdist off), each
-# test module on one worker so a module's shared server starts once.
+# test module on one worker so a module's shared server starts once. The unit tier is all CPU, so
+# it runs on one worker per core (at most 4), test by test.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${VENV:-.venv}/bin/python
 JOBS=${SOAKD_TEST_JOBS:-3}
+cores=$(nproc)
+UNIT_JOBS=$(( cores < 4 ? cores : 4 ))
+[ "$JOBS" -gt 1 ] || UNIT_JOBS=1
+# Every pytest call (and every xdist worker) imports all of tests/ to collect it, rewriting each
+# module's asserts; with bytecode writing off (PYTHONDONTWRITEBYTECODE) it does that work again in
+# each of the seven collections instead of reading the first one's cached modules.
+unset PYTHONDONTWRITEBYTECODE
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 status=0
@@ -22,6 +30,8 @@ for tier in unit integration e2e e2e-timing; do
   args+=(--junitxml "$out/$tier.xml")
   if [ "$tier" = e2e ] && [ "$JOBS" -gt 1 ]; then
     args+=(-n "$JOBS" --dist loadfile)
+  elif [ "$tier" = unit ] && [ "$UNIT_JOBS" -gt 1 ]; then
+    args+=(-n "$UNIT_JOBS" --dist load)
   fi
   echo "== $tier tests"
   start=$(date +%s)

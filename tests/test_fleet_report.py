@@ -2,7 +2,7 @@
 
 The GPUs are the shared report runs (tests/report_runs.py: builtin:sleep at 2 ms and 8 ms per
 batch, and one with an unmeetable SLO) plus a run of builtin:leak_host with the leak detector
-scaled to seconds, which the live monitor flags before the run ends.
+scaled to seconds, stopped once the live monitor flags it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from soakd.record.write import stage_summary
 from soakd.report.fleet import hists_from_json
 from soakd.report.inputs import load_report
 from soakd.telemetry.histogram import HistSnapshot
-from tests.conftest import REPO, soakd_cmd
+from tests.conftest import REPO, free_port, metric_value, scrape, soakd_cmd, wait_for
 from tests.report_runs import runs, soakd
 
 # 20 MiB/s of host memory kept, judged on a seconds scale (as tests/test_leak_live.py does).
@@ -42,11 +42,11 @@ window = "1s"
 [leak]
 warmup = "2s"
 window = "60s"
-min_span = "6s"
-bin = "1s"
-trough_span = "2s"
-persistence = "3s"
-evaluate_interval = "1s"
+min_span = "3s"
+bin = "0.5s"
+trough_span = "1s"
+persistence = "2s"
+evaluate_interval = "0.5s"
 [leak.min_slope_bytes_per_hour]
 default = 2e9
 """
@@ -55,19 +55,30 @@ default = 2e9
 @pytest.fixture(scope="module")
 def gpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """State dirs: fast, slow, strict (SLO missed) and leak. The leak run starts first and
-    overlaps the shared runs (builtin:sleep barely uses the CPU)."""
+    overlaps the shared runs (builtin:sleep barely uses the CPU); it is stopped (SIGTERM, as
+    a user ends a soak) once its monitor says host_rss is suspected."""
     tmp = tmp_path_factory.mktemp("fleet")
     cfg = tmp / "leak.toml"
     cfg.write_text(LEAK_TOML)
-    leak = tmp / "leak-state"
-    proc = subprocess.Popen(
-        soakd_cmd("run", "--config", str(cfg), "--concurrency", "2", "--duration", "20s",
-                  "--state-dir", str(leak), "--metrics-addr", "127.0.0.1:0"),
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    shared = runs("fast", "slow", "strict")
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-4000:]
+    leak, log, port = tmp / "leak-state", tmp / "leak.log", free_port()
+    with log.open("w") as fh:
+        proc = subprocess.Popen(
+            soakd_cmd("run", "--config", str(cfg), "--concurrency", "2", "--duration", "120s",
+                      "--state-dir", str(leak), "--metrics-addr", f"127.0.0.1:{port}"),
+            cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+    try:
+        shared = runs("fast", "slow", "strict")
+        flagged = 'series="host_rss"'
+        wait_for(
+            lambda: metric_value(scrape(port), "soakd_leak_suspected", flagged) == 1,
+            120,
+            what=f"soakd_leak_suspected{{{flagged}}} 1",
+        )
+    finally:
+        proc.terminate()
+        proc.wait(300)
+    assert proc.returncode == 0, log.read_text()[-4000:]
     for run in shared.values():
         assert run.rc in (0, 1), run.describe()  # strict misses its SLO: exit 1
     return {**{n: r.state_dir for n, r in shared.items()}, "leak": leak}

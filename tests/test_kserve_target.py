@@ -25,7 +25,7 @@ from tests.conftest import REPO, free_port, metric_value, run_soakd, soak, soakd
 
 SERVER = Path(__file__).resolve().parent / "kserve_server.py"
 VENV = Path(os.environ.get("SOAKD_SERVERS_VENV") or REPO / ".venv-servers")
-FAST_LEAK = ("--memory-interval", "1s", "--leak-warmup", "10s", "--leak-window", "45s")  # test_leak_live's
+FAST_LEAK = ("--memory-interval", "250ms", "--leak-warmup", "3s", "--leak-window", "15s")  # test_leak_live's
 STALL_MS, STALL_EVERY = 200, 40  # the stally model's every 40th request sleeps 200 ms
 
 

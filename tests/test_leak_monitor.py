@@ -147,7 +147,6 @@ class FakeCudaHistory:
         path.write_bytes(b"snapshot")
 
 
-@pytest.mark.e2e  # the code under test starts a process
 def test_cuda_history_records_only_while_suspicion_builds(tmp_path: Path) -> None:
     """auto: the ring runs through warm-up and while judgements near a leak, the snapshot is dumped on the flip,
     then the ring stops."""
@@ -163,7 +162,6 @@ def test_cuda_history_records_only_while_suspicion_builds(tmp_path: Path) -> Non
     assert Path(detail["snapshot"]).parent == tmp_path and Path(detail["snapshot"]).exists()
 
 
-@pytest.mark.e2e  # the code under test starts a process
 def test_cuda_history_modes() -> None:
     always = FakeCudaHistory()
     Evidence(None, cuda_history="always", cuda=always)  # type: ignore[arg-type]
@@ -208,7 +206,6 @@ def test_host_evidence_lists_growing_allocation_sites(tracing: None) -> None:
     assert sites and "test_leak_monitor.py" in sites[0]["site"] and sites[0]["size_diff_bytes"] >= 2e6
 
 
-@pytest.mark.e2e  # the code under test starts a process
 def test_real_malloc_trim_probe_runs() -> None:
     """On glibc the probe calls malloc_trim(0) for real and reports what came back."""
     ev = Evidence(None)

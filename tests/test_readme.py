@@ -11,13 +11,14 @@ them to it):
   files, hosts or services the user brings, and say which on a `# template:` line).
 - A command runs to its end and must exit 0, or the codes its comment starts with
   (`# exit 0 or 1: the SLO verdict`, `# exits 1: why`; the colon makes it a promise).
-- A command that runs until stopped (`soakd run` without `--duration`, `prometheus`) is started
+- A command that runs until stopped (`soakd run` without `--duration`, unless a `--replay`
+  without `--replay-loop` ends it with its trace; `prometheus`) is started
   and waited on until it answers (soakd: `/healthz` says 200 on its `--metrics-addr`, default
   127.0.0.1:9464; Prometheus: `/-/ready`); it keeps running while the rest of its block runs, as
   in a second terminal, then gets SIGINT (Ctrl-C) and must exit 0: at the end of its block, or
   before a later command of the block that needs its port.
-- The test substitutes only what keeps the module short: `--duration` longer than 3 s becomes
-  `--duration 3s`, `--step-duration` longer than 2 s becomes `--step-duration 2s`; and, where no
+- The test substitutes only what keeps the module short: `--duration` longer than 1 s becomes
+  `--duration 1s`, `--step-duration` longer than 1 s becomes `--step-duration 1s`; and, where no
   `.venv` exists, `.venv/bin/soakd` and `.venv/bin/python` become this interpreter.
 - Not re-run: `make`, `pip` and bootstrap commands (the suite runs after them). `docker compose`
   commands run only where a Docker engine answers (`docker info`), and are taken down after;
@@ -55,8 +56,8 @@ LOOKS_LIKE_A_COMMAND = r"^\s*(\$ |\.venv/bin/|soakd |make |curl |python3? |kubec
 TAGS = {"gpu", "template"}
 NOT_RERUN = re.compile(r"^(make|pip3?|\S*/pip|python3? -m venv|scripts/bootstrap\.sh)\b")
 NEEDS_TOOL = ("prometheus", "promtool")  # Debian's prometheus package; skipped where absent
-MAX_DURATION_S = 3.0
-MAX_STEP_S = 2.0
+MAX_DURATION_S = 1.0
+MAX_STEP_S = 1.0
 COMMAND_TIMEOUT_S = 300
 
 
@@ -198,7 +199,12 @@ def localise(cmd: str, where: Path) -> str:
 
 
 def runs_until_stopped(cmd: str) -> bool:
-    return (is_soakd(cmd, "run") and flag(cmd, "--duration") is None) or program(cmd) == "prometheus"
+    """A `soakd run` with no `--duration` (a `--replay` without `--replay-loop` ends with its
+    trace), or Prometheus."""
+    w = words_of(cmd)
+    replay_ends = any(x == "--replay" or x.startswith("--replay=") for x in w) and "--replay-loop" not in w
+    soak_until_stopped = is_soakd(cmd, "run") and flag(cmd, "--duration") is None and not replay_ends
+    return soak_until_stopped or program(cmd) == "prometheus"
 
 
 def ready_url(cmd: str) -> str:
@@ -504,9 +510,11 @@ def test_blocks_are_read_as_the_rules_say(tmp_path: Path) -> None:
     assert heredoc == "cat > a.toml <<'EOF'\n[load]\nrate = 20\nEOF" and loop == "for f in a b; do\n  echo $f\ndone"
     assert gated.startswith(".venv/bin/soakd run --config a.toml --duration 10m   --summary-json s.json")
     assert (expected_codes(gated), expected_codes(until_stopped), expected_codes(sweep)) == ({0, 1}, {0}, {0})
-    assert "--duration 3s" in shorten(gated) and "--step-duration 2s" in shorten(sweep)
-    assert shorten(".venv/bin/soakd run --duration 2s") == ".venv/bin/soakd run --duration 2s"
+    assert "--duration 1s" in shorten(gated) and "--step-duration 1s" in shorten(sweep)
+    assert shorten(".venv/bin/soakd run --duration 500ms") == ".venv/bin/soakd run --duration 500ms"
     assert runs_until_stopped(until_stopped) and not runs_until_stopped(gated)
+    assert not runs_until_stopped(".venv/bin/soakd run --replay t.jsonl")  # ends with its trace
+    assert runs_until_stopped(".venv/bin/soakd run --replay t.jsonl --replay-loop")
     assert ready_url(until_stopped) == "http://127.0.0.1:9470/healthz"
     assert port_of(gated) == 9464 and port_of(heredoc) is None
     assert localise(gated, tmp_path).startswith(f"{shlex.quote(sys.executable)} -m soakd run")

@@ -24,7 +24,7 @@ from tests.conftest import free_port, run_soakd
 
 SERVER = Path(__file__).resolve().parent / "openai_fake_server.py"
 
-# e2e: run() in this process (its leak monitor asks ldconfig, a process, where libc is).
+# e2e: the fake OpenAI server runs in its own process.
 pytestmark = pytest.mark.e2e
 
 

@@ -53,7 +53,7 @@ def test_two_runs_share_a_state_dir(daemon_factory, tmp_path: Path) -> None:  # 
     state = tmp_path / "state"
     first = daemon_factory(*NOOP, "--state-dir", str(state), "--run-id", "a", "--duration", "60s")
     first.wait_ready()
-    second = soakd_run("--state-dir", str(state), "--run-id", "b", "--duration", "2s")
+    second = soakd_run("--state-dir", str(state), "--run-id", "b", "--duration", "1s")
     assert second.returncode == 0, second.stderr
     assert first.stop() == 0
     assert len(segments(state, "a")) == 1 and len(segments(state, "b")) == 1
@@ -96,7 +96,7 @@ def test_kill_9_releases_the_run_for_a_restart(daemon_factory, tmp_path: Path) -
     first.wait_ready()
     os.kill(first.proc.pid, signal.SIGKILL)
     first.proc.wait(10)
-    again = soakd_run("--state-dir", str(state), "--run-id", "r1", "--duration", "2s")
+    again = soakd_run("--state-dir", str(state), "--run-id", "r1", "--duration", "1s")
     assert again.returncode == 0, again.stderr
     assert len(segments(state, "r1")) == 2
 

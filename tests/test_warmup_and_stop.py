@@ -19,7 +19,7 @@ from soakd.run.session import OVERHEAD_WARN_RATIO
 from tests.conftest import free_port, metric_value, scrape, soakd_cmd, wait_for
 
 MODELS = '''
-import sys, threading, time
+import pathlib, sys, threading, time
 import torch
 
 class Wrong(torch.nn.Module):
@@ -54,6 +54,7 @@ class Exits(torch.nn.Module):
 
 class Slow(torch.nn.Module):
     def forward(self, x):
+        pathlib.Path(__file__).with_name("slow-called").touch()  # the test waits on it: warm-up began
         time.sleep(0.05)
         return x
 
@@ -213,8 +214,8 @@ def test_sigterm_during_warmup_stops_promptly_without_ready(tmp_path: Path) -> N
         text=True,
     )
     try:
-        wait_for(lambda: (tmp_path / "state" / "soakd.db").exists(), 60, what="soakd to open its state")
-        time.sleep(2.0)  # well inside warm-up (100000 calls of 50 ms)
+        # Inside warm-up (100000 calls of 50 ms) once the model's forward has run.
+        wait_for(lambda: (models.parent / "slow-called").exists(), 60, what="the first warm-up call")
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)

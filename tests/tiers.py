@@ -57,30 +57,54 @@ IN_PROCESS_IO = {
 }
 
 
-def _calls(node: ast.AST) -> tuple[set[str], bool, bool]:
-    """(names called, starts a process directly, does in-process I/O directly) in ``node``.
+Summary = tuple[set[str], bool, bool]  # (names called, starts a process, does in-process I/O)
+DEFS = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _own(sub: ast.AST, acc: list[Any]) -> None:
+    """What ``sub`` itself (not its children) adds to a summary being gathered in ``acc``.
 
     A method call (``engine.start()``) is not followed by its name: ``start`` or ``run`` names a
     dozen unrelated functions in tests/. A helper is followed when it is called by name, as a
     fixture, as a class (its methods count), or through a tests module (``report_runs.make()``)."""
-    names: set[str] = set()
-    process = io = False
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Call):
-            f = sub.func
-            if isinstance(f, ast.Attribute):
-                base = f.value.id if isinstance(f.value, ast.Name) else ""
-                if base in PROCESS_MODULES and f.attr in STARTS_PROCESS:
-                    process = True
-                if base in TEST_MODULES:
-                    names.add(f.attr)
-                io = io or f.attr in IN_PROCESS_IO or base in IN_PROCESS_IO
-            elif isinstance(f, ast.Name):
-                names.add(f.id)
-                io = io or f.id in IN_PROCESS_IO
-        elif isinstance(sub, ast.Name) and sub.id in {"Popen", "daemon_factory"}:
-            process = True
-    return names, process, io
+    if isinstance(sub, ast.Call):
+        f = sub.func
+        if isinstance(f, ast.Attribute):
+            base = f.value.id if isinstance(f.value, ast.Name) else ""
+            if base in PROCESS_MODULES and f.attr in STARTS_PROCESS:
+                acc[1] = True
+            if base in TEST_MODULES:
+                acc[0].add(f.attr)
+            acc[2] = acc[2] or f.attr in IN_PROCESS_IO or base in IN_PROCESS_IO
+        elif isinstance(f, ast.Name):
+            acc[0].add(f.id)
+            acc[2] = acc[2] or f.id in IN_PROCESS_IO
+    elif isinstance(sub, ast.Name) and sub.id in {"Popen", "daemon_factory"}:
+        acc[1] = True
+
+
+def _scan(node: ast.AST, acc: list[Any], defs: list[tuple[ast.AST, Summary]]) -> None:
+    """Add ``node``'s subtree to ``acc``; each class or function in it (nested ones too, and its
+    decorators with it) gets its own summary in ``defs``. One pass over the tree: the summary of a
+    definition is its whole subtree's, as ``_calls`` gives it."""
+    _own(node, acc)
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, DEFS):
+            inner: list[Any] = [set(), False, False]
+            _scan(child, inner, defs)
+            defs.append((child, (inner[0], inner[1], inner[2])))
+            acc[0] |= inner[0]
+            acc[1] = acc[1] or inner[1]
+            acc[2] = acc[2] or inner[2]
+        else:
+            _scan(child, acc, defs)
+
+
+def _calls(node: ast.AST) -> Summary:
+    """(names called, starts a process directly, does in-process I/O directly) in ``node``."""
+    acc: list[Any] = [set(), False, False]
+    _scan(node, acc, [])
+    return acc[0], acc[1], acc[2]
 
 
 class _Reader:
@@ -88,12 +112,19 @@ class _Reader:
     in-process I/O, through the calls they make: a fixpoint over every module's functions."""
 
     def __init__(self) -> None:
-        self.funcs: dict[str, list[tuple[set[str], bool, bool]]] = {}
+        self.funcs: dict[str, list[Summary]] = {}
+        # Each definition's summary by (file, line of its def and of its first decorator), so a
+        # test's own body is read from the same parse instead of from inspect.getsource.
+        self.at: dict[tuple[str, int], Summary] = {}
         for path in sorted(TESTS.glob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
+            defs: list[tuple[ast.AST, Summary]] = []
+            _scan(ast.parse(path.read_text()), [set(), False, False], defs)
+            for node, summary in defs:
+                assert isinstance(node, DEFS)
                 # A class counts by what all its methods do (it is followed when called by name).
-                if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-                    self.funcs.setdefault(node.name, []).append(_calls(node))
+                self.funcs.setdefault(node.name, []).append(summary)
+                for line in (node.lineno, *(d.lineno for d in node.decorator_list[:1])):
+                    self.at[(str(path), line)] = summary
         self.process: set[str] = set()
         self.io: set[str] = set()
         changed = True
@@ -108,18 +139,25 @@ class _Reader:
                         self.io.add(name)
                         changed = True
 
+    def _summary(self, fn: Any) -> Summary | None:
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            found = self.at.get((code.co_filename, code.co_firstlineno))
+            if found is not None:
+                return found
+        try:
+            return _calls(ast.parse(textwrap.dedent(inspect.getsource(fn))))
+        except (OSError, TypeError, SyntaxError):
+            return None
+
     def tier(self, item: pytest.Item) -> str:
         fn = getattr(item, "function", None)
         reached: set[str] = set(getattr(item, "fixturenames", ()))
         proc = io = False
-        if fn is not None:
-            try:
-                tree: ast.AST | None = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-            except (OSError, TypeError, SyntaxError):
-                tree = None
-            if tree is not None:
-                called, proc, io = _calls(tree)
-                reached |= called
+        summary = self._summary(fn) if fn is not None else None
+        if summary is not None:
+            called, proc, io = summary
+            reached |= called
         if proc or reached & self.process:
             return "e2e"
         if io or reached & self.io:

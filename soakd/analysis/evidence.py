@@ -16,7 +16,6 @@ torch is imported only by :class:`CudaHistory`, which is built only for a CUDA r
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import re
@@ -89,10 +88,8 @@ class CudaHistory:
 
 def _libc_malloc_trim() -> Callable[[], int] | None:
     """glibc's ``malloc_trim(0)``; None where there is no glibc (musl, macOS)."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        trim = libc.malloc_trim
+    try:  # dlopen(NULL), not ctypes.util.find_library("c"): that starts an ldconfig process
+        trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return None
     trim.argtypes = [ctypes.c_size_t]

@@ -13,7 +13,6 @@ not hold up RSS, CPU and the rest, which come from cheap counters (statm, stat).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import time
 import tracemalloc
@@ -200,12 +199,12 @@ MallInfoFn = Callable[[], MallInfo2]
 
 def glibc_mallinfo2() -> MallInfoFn:
     """The real ``mallinfo2``; raises SourceUnavailable off glibc or before glibc 2.33."""
-    name = ctypes.util.find_library("c") or "libc.so.6"
+    # dlopen(NULL): the symbols this process already has, the C library's among them. Not
+    # ctypes.util.find_library("c"), which starts an ldconfig process to find a file name.
     try:
-        libc = ctypes.CDLL(name)
-        fn = libc.mallinfo2
+        fn = ctypes.CDLL(None).mallinfo2
     except (OSError, AttributeError):
-        raise SourceUnavailable(f"no glibc mallinfo2() in {name}") from None
+        raise SourceUnavailable("no glibc mallinfo2() in this process's C library") from None
     fn.restype = MallInfo2
     fn.argtypes = []
     return fn

@@ -14,9 +14,9 @@ from typing import Any
 import msgspec
 import numpy as np
 import numpy.typing as npt
-from scipy.stats import theilslopes
 
 from soakd.analysis.detector import DetectorParams, floor_for, judge
+from soakd.analysis.trend import theil_sen
 from soakd.config import LeakConfig
 from soakd.record.types import MemorySeries
 
@@ -29,12 +29,16 @@ def _finite(v: float | None) -> float | None:
 
 
 def trend_line(t: Array, v: Array) -> tuple[float, float] | None:
-    """Theil-Sen (slope per second, intercept) of ``v`` over ``t``; None with under 3 points."""
+    """Theil-Sen (slope per second, intercept) of ``v`` over ``t``; None with under 3 points.
+
+    As ``scipy.stats.theilslopes(v, t)`` (its default "separate" intercept: median(v) - slope *
+    median(t)), without importing scipy.stats: that import costs every ``soakd run`` ~0.6 s."""
     if t.size < 3:
         return None
     idx = np.unique(np.linspace(0, t.size - 1, min(t.size, TREND_POINTS)).astype(np.int64))
-    res = theilslopes(v[idx], t[idx])
-    return float(res.slope), float(res.intercept)
+    x, y = t[idx], v[idx]
+    slope = theil_sen(x, y)
+    return slope, float(np.median(y) - slope * np.median(x))
 
 
 def series_summary(
