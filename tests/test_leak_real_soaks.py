@@ -48,9 +48,7 @@ def test_a_real_leak_free_soak_is_never_suspected(path: Path) -> None:
 
 
 @pytest.mark.parametrize("leak", [5.0, 20.0])
-@pytest.mark.parametrize(
-    "name", ["real-convnet-60m-host_rss", "real-serve-60m-host_rss", "real-serve-60m-target_rss"]
-)
+@pytest.mark.parametrize("name", ["real-convnet-60m-host_rss", "real-serve-60m-host_rss", "real-serve-60m-target_rss"])
 def test_a_leak_added_to_a_real_rss_series_is_flagged_within_the_hour(name: str, leak: float) -> None:
     r = judge(TRACES / f"{name}.csv", leak)
     assert r.first_suspected_at is not None and r.first_suspected_at <= 3600.0, r.final.reason

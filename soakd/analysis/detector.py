@@ -38,7 +38,8 @@ The verdict flips on the first flagged look; it clears after its signs (some spa
 z >= 2 and half the floor) have been gone for ``persistence`` seconds.
 
 Every look also gives the detectable slope: the smallest leak flagged with 90% probability
-at the fitted noise (early looks' bars included), over the spans judged so far. Pure numpy (no torch, no scipy.stats), so ``soakd analyze`` starts fast.
+at the fitted noise (early looks' bars included), over the spans judged so far. Pure numpy
+(no torch, no scipy.stats), so ``soakd analyze`` starts fast.
 """
 
 from __future__ import annotations
@@ -425,15 +426,15 @@ class Grid:
             z = slope / se
         pv = upper_tail(z) if math.isfinite(z) else 0.0
         p_adj = min(1.0, pv / alpha_n * p.alpha)
-        early = history.size * p.bin < SEEN * p.window
-        bar = max((FAR if early else 1.0) * zstar * se, SWING_RISE * swing * per_hour / n if early else 0.0, floor)
+        unseen = history.size * p.bin < SEEN * p.window
+        bar = max((FAR if unseen else 1.0) * zstar * se, SWING_RISE * swing * per_hour / n if unseen else 0.0, floor)
         detectable = bar + Z90 * se  # with the early looks' bars: "no leak above" covers what they hold back
         why = ""
         positive = pv < alpha_n
-        if positive and early and z < FAR * zstar:
+        if positive and unseen and z < FAR * zstar:
             # Slow swings (a load cycle, a long GC period, a settling arena) not yet seen to turn.
             positive, why = False, f"not judged yet: {_dur(history.size * p.bin)} of data"
-        if positive and early and slope * n / per_hour < SWING_RISE * swing:
+        if positive and unseen and slope * n / per_hour < SWING_RISE * swing:
             # Bounded swings rise at most by their range (the largest fall seen since the start).
             positive, why = False, f"not judged yet: swings of {swing / MIB:.3g} MiB seen in {_dur(full.size * p.bin)}"
         if positive and slope < floor:
