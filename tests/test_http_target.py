@@ -340,13 +340,18 @@ def _rss_mib(pid: int) -> float:
         return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024
 
 
+def _inflight(d: Daemon) -> float:
+    return metric_value(d.metrics(), "soakd_inflight_requests") or 0.0
+
+
 @pytest.mark.timing  # RSS steps and stalls measured against the wall clock
 def test_a_stalled_server_raises_soakds_rss_once_not_per_stall(bodies: Path, tmp_path: Path) -> None:
     """soakd's own memory under server stalls is a high-water mark, not a leak. Open loop at
-    1,000 req/s against bench/minimal_server.py; the server stopped for 1.5 s three times: the
-    first stall fills load.max_inflight (1024 requests alive at once) and steps soakd's RSS by
-    some MiB (pymalloc keeps an arena until it is entirely empty); the second and third reuse
-    that memory and add less than a third of the first step between them."""
+    1,000 req/s against bench/minimal_server.py; the server stopped three times until soakd has
+    1,000 requests in flight, then let drain: the first stall fills load.max_inflight (1024
+    requests alive at once) and steps soakd's RSS by some MiB (pymalloc keeps an arena until it
+    is entirely empty); the second and third reuse that memory and add less than a third of the
+    first step between them."""
     port = free_port()
     srv = subprocess.Popen([sys.executable, str(MINIMAL), str(port)], stdout=subprocess.PIPE, text=True)
     assert srv.stdout is not None and srv.stdout.readline().startswith("ready")
@@ -359,9 +364,11 @@ def test_a_stalled_server_raises_soakds_rss_once_not_per_stall(bodies: Path, tmp
         rss.append(_rss_mib(d.proc.pid))
         for _ in range(3):
             srv.send_signal(signal.SIGSTOP)
-            time.sleep(1.5)
+            # Stalled until load.max_inflight is (nearly) full, then until the backlog drains:
+            # conditions on soakd's live in-flight gauge, not fixed sleeps.
+            wait_for(lambda: _inflight(d) >= 1000, 30, what="the stall to fill max_inflight")
             srv.send_signal(signal.SIGCONT)
-            time.sleep(4)
+            wait_for(lambda: _inflight(d) < 50, 30, what="the backlog to drain")
             rss.append(_rss_mib(d.proc.pid))
     finally:
         d.stop()
