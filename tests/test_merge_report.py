@@ -213,7 +213,12 @@ def _write_llm_driver(state: Path, run_id: str, shard: str, streams: list[tuple[
         metrics.tokens.labels("output").inc(tokens)
         metrics.tokens.labels("input").inc(16)
         metrics.goodput.inc()
-    summary = {"run_id": run_id, "requests": {"ok": len(streams)}, "latency_ms": {}, "llm": llm_block(metrics, 1.0)}
+    summary = {
+        "run_id": run_id,
+        "requests": {"ok": len(streams)},
+        "latency_ms": {},
+        "llm": msgspec.to_builtins(llm_block(metrics, 1.0)),
+    }
     (state / run_id).mkdir(exist_ok=True)
     (state / run_id / "summary.json").write_text(json.dumps(summary))
 

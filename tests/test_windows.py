@@ -9,6 +9,7 @@ import tracemalloc
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from soakd.report import window_rows
@@ -55,7 +56,7 @@ def test_rows_report_each_window_and_stay_bounded_with_counts_conserved() -> Non
     rec.start(Stats(0.0, {}, {"e2e": eng.e2e.snapshot(), "queue": eng.queue.snapshot()}))
     for _ in range(5):
         rec.add(eng.step())
-    rows = rec.rows
+    rows = msgspec.to_builtins(rec.rows)  # as the summary's JSON holds them
     assert [r["t"] for r in rows] == [5.0, 10.0, 15.0, 20.0, 25.0]
     assert all(r["ok"] == 100 and r["errors"] == 1 and r["throughput_rps"] == 20.0 for r in rows)
     assert 9.0 <= rows[0]["latency_ms"]["e2e"]["p50"] <= 11.0
@@ -64,7 +65,7 @@ def test_rows_report_each_window_and_stay_bounded_with_counts_conserved() -> Non
 
     for _ in range(200):
         rec.add(eng.step())
-    rows = rec.rows
+    rows = msgspec.to_builtins(rec.rows)  # as the summary's JSON holds them
     assert len(rows) <= 16 and rec.stride > 1
     # Every tick up to the last row's end is in exactly one row; merged rows span several ticks.
     covered = sum(r["ok"] for r in rows)
@@ -82,7 +83,7 @@ def test_merged_rows_follow_a_latency_change() -> None:
     for i in range(64):
         eng.level = 10.0 if i < 32 else 40.0
         rec.add(eng.step())
-    p50 = [r["latency_ms"]["e2e"]["p50"] for r in rec.rows]
+    p50 = [r["latency_ms"]["e2e"]["p50"] for r in msgspec.to_builtins(rec.rows)]
     assert p50[0] < 12 and p50[-1] > 36  # the step survives the merges
 
 
@@ -118,7 +119,7 @@ def test_rows_from_stored_windows_group_runs_of_windows_exactly() -> None:
         h = LogHistogram()
         h.observe_many(rng.uniform(0.009, 0.011, 50) if i < 50 else rng.uniform(0.036, 0.044, 50))
         windows.append((1000.0 + 60 * i, 1060.0 + 60 * i, {"ok": 50, "timeout": 1}, {"e2e": h.snapshot()}))
-    rows = rows_from_windows(windows, max_rows=30)
+    rows = msgspec.to_builtins(rows_from_windows(windows, max_rows=30))
     assert len(rows) == 25  # groups of 4 stored windows
     assert sum(r["ok"] for r in rows) == 5000 and sum(r["errors"] for r in rows) == 100
     assert rows[0]["seconds"] == 240.0 and rows[-1]["t"] == 6000.0

@@ -76,6 +76,11 @@ class WindowRow(Record):
     errors: int | None = None
     latency_ms: dict[str, WindowPercentiles] | UnsetType = UNSET
 
+    @property
+    def latency(self) -> dict[str, WindowPercentiles]:
+        """Per-stage percentiles (empty where the row has none, or an older record no key)."""
+        return self.latency_ms if isinstance(self.latency_ms, dict) else {}
+
 
 class MemorySeries(Record):
     """One memory series: its range, trend and leak verdict (``leak_suspected`` None: not

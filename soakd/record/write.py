@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from soakd.record.types import Percentiles
 from soakd.telemetry.histogram import HistSnapshot
 
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "p999": 0.999}
@@ -30,6 +31,13 @@ def stage_summary(snap: HistSnapshot) -> dict[str, Any]:
     out["mean"] = seconds_to_ms(snap.mean())
     out["count"] = snap.count
     return out
+
+
+def percentiles(snap: HistSnapshot) -> Percentiles:
+    """A timing's figures over a run as the record holds them (``stage_summary``, typed)."""
+    p = {k: seconds_to_ms(snap.percentile(q)) for k, q in QUANTILES.items()}
+    mean, top = seconds_to_ms(snap.mean()), seconds_to_ms(snap.maximum) if snap.count else None
+    return Percentiles(p50=p["p50"], p90=p["p90"], p99=p["p99"], p999=p["p999"], max=top, mean=mean, count=snap.count)
 
 
 def hist_json(snap: HistSnapshot) -> dict[str, Any]:

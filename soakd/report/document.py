@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from soakd.config import LeakConfig, SloConfig
-from soakd.record.types import MemorySeries, RunRecord, WindowRow
+from soakd.record.types import MemorySeries, RunRecord
 from soakd.record.write import to_json_object
 from soakd.report.data import run_report
 from soakd.report.window_rows import rows_from_windows
@@ -100,7 +100,7 @@ def build_report(
             setattr(data, key, saved)
 
     windows = state.windows
-    data.windows = msgspec.convert(rows_from_windows(windows), list[WindowRow])
+    data.windows = rows_from_windows(windows)
     hists: dict[str, HistSnapshot] = {}
     for _, _, _, hs in windows:
         for stage, h in hs.items():

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from soakd.record.types import WindowRow
+from soakd.record.types import WindowPercentiles, WindowRow
 from soakd.record.write import seconds_to_ms
 from soakd.telemetry.histogram import HistSnapshot
 
@@ -81,30 +80,31 @@ class WindowTable:
         self._n = pairs + (1 if odd is not None else 0)  # append() clears a row before reuse
         self.merges += 1
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The JSON rows, oldest first."""
+    def rows(self) -> list[WindowRow]:
+        """The rows, oldest first."""
         return [self._row(r) for r in self._data[: self._n]]
 
-    def _row(self, r: npt.NDArray[np.float64]) -> dict[str, Any]:
+    def _row(self, r: npt.NDArray[np.float64]) -> WindowRow:
         seconds, ok = float(r[_SECONDS]), int(r[_OK])
-        latency: dict[str, dict[str, float | None]] = {}
+        latency: dict[str, WindowPercentiles] = {}
         for i, stage in enumerate(self.stages):
             vals = r[_FIXED + _NQ * i : _FIXED + _NQ * (i + 1)]
             if not np.isnan(vals).all():
-                latency[stage] = {k: seconds_to_ms(float(v)) for k, v in zip(WINDOW_QUANTILES, vals, strict=True)}
-        return {
-            "t": round(float(r[_T]), 3),
-            "seconds": round(seconds, 3),
-            "throughput_rps": round(ok / seconds, 3) if seconds > 0 else 0.0,
-            "ok": ok,
-            "errors": int(r[_ERRORS]),
-            "latency_ms": latency,
-        }
+                p50, p90, p99 = (seconds_to_ms(float(v)) for v in vals)
+                latency[stage] = WindowPercentiles(p50=p50, p90=p90, p99=p99)
+        return WindowRow(
+            t=round(float(r[_T]), 3),
+            seconds=round(seconds, 3),
+            throughput_rps=round(ok / seconds, 3) if seconds > 0 else 0.0,
+            ok=ok,
+            errors=int(r[_ERRORS]),
+            latency_ms=latency,
+        )
 
 
 def rows_from_windows(
     windows: Iterable[tuple[float, float, dict[str, int], dict[str, HistSnapshot]]], max_rows: int = MAX_ROWS
-) -> list[dict[str, Any]]:
+) -> list[WindowRow]:
     """Rows from stored windows ``(t_start, t_end, outcomes, hists)``, oldest first; ``t`` is
     seconds from the first window's start (wall time: gaps between segments stay visible).
     Past ``max_rows``, runs of 2, 4, 8... stored windows make one row; their histograms add,

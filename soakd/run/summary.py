@@ -11,8 +11,18 @@ import numpy as np
 
 from soakd.config import Config
 from soakd.load.replay import ReplayLoop
-from soakd.record.types import BatchSize, Percentiles, RunRecord
-from soakd.record.write import LLM_TIMINGS, hist_json, stage_summary
+from soakd.record.types import (
+    BatchBucket,
+    BatchSize,
+    LlmBlock,
+    Percentiles,
+    ReplayBlock,
+    RunRecord,
+    ScheduleLag,
+    TargetBlock,
+    WindowRow,
+)
+from soakd.record.write import LLM_TIMINGS, hist_json, percentiles
 from soakd.run.windows import Delta
 from soakd.verdicts.memory import memory_block
 from soakd.verdicts.slo import slo_block
@@ -42,7 +52,7 @@ def status_line(elapsed: float, win: Delta, stats: EngineStats, offline_rps: flo
     return line
 
 
-def batch_buckets(metrics: Metrics) -> list[dict[str, Any]]:
+def batch_buckets(metrics: Metrics) -> list[BatchBucket]:
     """Batches per ``soakd_batch_size`` bucket (not cumulative), up to the largest size seen."""
     cumulative: list[tuple[float, float]] = []
     for family in metrics.batch_size.collect():
@@ -50,17 +60,17 @@ def batch_buckets(metrics: Metrics) -> list[dict[str, Any]]:
             if s.name.endswith("_bucket"):
                 cumulative.append((float(s.labels["le"]), s.value))
     cumulative.sort()
-    out: list[dict[str, Any]] = []
+    out: list[BatchBucket] = []
     prev = 0.0
     for le, value in cumulative:
         n = int(value - prev)
         prev = value
         if math.isinf(le):  # beyond the largest bound: fold into it (JSON has no infinity)
             if n and out:
-                out[-1]["count"] += n
+                out[-1].count += n
             continue
-        out.append({"le": le, "count": n})
-    while out and out[-1]["count"] == 0:
+        out.append(BatchBucket(le=le, count=n))
+    while out and out[-1].count == 0:
         out.pop()
     return out
 
@@ -70,7 +80,7 @@ def live_verdicts(verdicts: dict[str, Verdict]) -> dict[str, dict[str, Any]]:
     return {series: v.as_dict() for series, v in verdicts.items()}
 
 
-def llm_block(metrics: Metrics, elapsed: float) -> dict[str, Any]:
+def llm_block(metrics: Metrics, elapsed: float) -> LlmBlock:
     """The summary's ``llm`` block, read from the stream metrics the target recorded (one place
     for the fact: the /metrics histograms and this block are the same counts)."""
 
@@ -81,18 +91,18 @@ def llm_block(metrics: Metrics, elapsed: float) -> dict[str, Any]:
     goodput = count("soakd_goodput_requests_total")
     snaps = {"ttft": metrics.ttft.labels("").snapshot(), "itl": metrics.itl.labels("").snapshot()}
     snaps["tpot"] = metrics.tpot.labels("").snapshot()
-    return {
-        "ttft_ms": stage_summary(snaps["ttft"]),
-        "itl_ms": stage_summary(snaps["itl"]),
-        "tpot_ms": stage_summary(snaps["tpot"]),
-        "input_tokens": count("soakd_tokens_total", {"kind": "input"}),
-        "output_tokens": out_tokens,
-        "output_tokens_per_second": round(out_tokens / elapsed, 3),
-        "goodput_requests": goodput,
-        "goodput_rps": round(goodput / elapsed, 3),
+    return LlmBlock(
+        ttft_ms=percentiles(snaps["ttft"]),
+        itl_ms=percentiles(snaps["itl"]),
+        tpot_ms=percentiles(snaps["tpot"]),
+        input_tokens=count("soakd_tokens_total", {"kind": "input"}),
+        output_tokens=out_tokens,
+        output_tokens_per_second=round(out_tokens / elapsed, 3),
+        goodput_requests=goodput,
+        goodput_rps=round(goodput / elapsed, 3),
         # the buckets themselves, so that drivers' timings merge exactly (soakd report --merge)
-        "histograms": {name: hist_json(snap) for name, snap in snaps.items() if snap.count},
-    }
+        histograms={name: hist_json(snap) for name, snap in snaps.items() if snap.count},
+    )
 
 
 def build_summary(
@@ -102,7 +112,7 @@ def build_summary(
     *,
     run: dict[str, Any],
     cold: dict[str, Any],
-    windows: list[dict[str, Any]],
+    windows: list[WindowRow],
     series: SeriesStore | None,
     verdicts: dict[str, Verdict],
     metrics: Metrics,
@@ -110,39 +120,43 @@ def build_summary(
     offline: dict[str, Any] | None = None,
     target: dict[str, Any] | None = None,
 ) -> RunRecord:
-    """The run's record; its keys in the order the summary has always written them."""
+    """The run's record, built field by field (the record type fixes the order keys are written
+    in). The blocks that come from below the record's layer (the engine's batch figures, the
+    replay loop's, the target's) arrive as mappings and are converted here, at that boundary."""
     completed = stats.completed
-    summary: dict[str, Any] = {
-        "throughput_rps": round(completed.get("ok", 0) / stats.elapsed, 3),
-        "duration_seconds": round(stats.elapsed, 3),
-        "requests": completed,
-        "latency_ms": {s: stage_summary(h) for s, h in stats.stages.items() if h.count or s == "e2e"},
-        "batch_size": {**engine.batch_size_summary(), "buckets": batch_buckets(metrics)},
-        "input_shapes_seen": engine.shapes_seen,
-        "cold_start": cold,
-        "run": run,
-    }
+    record = RunRecord(
+        throughput_rps=round(completed.get("ok", 0) / stats.elapsed, 3),
+        duration_seconds=round(stats.elapsed, 3),
+        requests=completed,
+        latency_ms={s: percentiles(h) for s, h in stats.stages.items() if h.count or s == "e2e"},
+        batch_size=msgspec.convert(engine.batch_size_summary(), BatchSize),
+        input_shapes_seen=engine.shapes_seen,
+        cold_start=cold,
+        run=run,
+        windows=windows,
+        # A resumed run: earlier segments count toward the minimum duration.
+        run_duration_seconds=round(elapsed_before + stats.elapsed, 3),
+    )
+    assert isinstance(record.batch_size, BatchSize)
+    record.batch_size.buckets = batch_buckets(metrics)
     if engine.open_loop:
-        lag = stage_summary(stats.lag)
-        summary["schedule_lag_ms"] = {"p50": lag["p50"], "p99": lag["p99"], "max": lag["max"]}
+        lag = percentiles(stats.lag)
+        record.schedule_lag_ms = ScheduleLag(p50=lag.p50, p99=lag.p99, max=lag.max)
         sent = sum(completed.values()) + stats.inflight
-        summary["offered_rps"] = round(sent / stats.elapsed, 3)
+        record.offered_rps = round(sent / stats.elapsed, 3)
     if isinstance(engine.executor, ReplayLoop):
-        summary["replay"] = engine.executor.summary(stats.elapsed)
+        replay = msgspec.convert(engine.executor.summary(stats.elapsed), ReplayBlock)
         if isinstance(engine.source, ReplaySource):
-            summary["replay"]["rows_clipped"] = engine.source.clipped
+            replay.rows_clipped = engine.source.clipped
+        record.replay = replay
     if offline is not None:
-        summary["model_offline"] = dict(offline)
+        record.model_offline = dict(offline)
         if stats.model_seconds > 0:  # soakd's own per-batch work on the model threads, against the model's
-            summary["model_offline"]["harness_overhead_ratio"] = round(stats.overhead_seconds / stats.model_seconds, 4)
+            record.model_offline["harness_overhead_ratio"] = round(stats.overhead_seconds / stats.model_seconds, 4)
     if cfg.target.url is not None and cfg.target.api == "openai":
-        summary["llm"] = llm_block(metrics, stats.elapsed)
-    summary["windows"] = windows
-    # A resumed run: earlier segments count toward the minimum duration.
-    summary["run_duration_seconds"] = round(elapsed_before + stats.elapsed, 3)
+        record.llm = llm_block(metrics, stats.elapsed)
     if target is not None:  # a served model: where it was, how it answered, how long it was down
-        summary["target"] = target
-    record = msgspec.convert(summary, RunRecord)
+        record.target = msgspec.convert(target, TargetBlock)
     samples = {name: series.read(name) for name in series.names()} if series is not None else {}
     record.memory = memory_block({k: v for k, v in samples.items() if np.size(v[0])}, cfg.leak, live_verdicts(verdicts))
     record.slo = slo_block(cfg.slo, record)

@@ -10,8 +10,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
+from soakd.record import types as record_types  # its WindowRow is a summary row; state's is a stored window
 from soakd.report.window_rows import MAX_ROWS, WindowTable
 from soakd.state import WindowRow
 from soakd.telemetry.histogram import HistSnapshot
@@ -77,7 +78,7 @@ class WindowRecorder:
         return 1 << (self.table.merges if self.table is not None else 0)
 
     @property
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[record_types.WindowRow]:
         return self.table.rows() if self.table is not None else []
 
     def start(self, stats: StatsLike) -> None:
