@@ -3,8 +3,9 @@
 # (tests/tiers.py says what each holds). Extra arguments go to every pytest call, e.g.
 # `scripts/test.sh -k leak`. The end-to-end tier waits mostly on its subprocesses' clocks, so it
 # runs on SOAKD_TEST_JOBS workers (3 by default on this 2-core machine; 1 turns xdist off), each
-# test module on one worker so a module's shared server starts once. The unit tier is all CPU, so
-# it runs on one worker per core (at most 4), test by test.
+# test module on one worker so a module's shared server starts once. The integration tier waits
+# on its sockets and short clocks (11 s of CPU in 38 s), so it runs on as many workers, test by
+# test: 38 -> 20 s. The unit tier is all CPU, so it runs on one worker per core (at most 4).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${VENV:-.venv}/bin/python
@@ -30,6 +31,8 @@ for tier in unit integration e2e e2e-timing; do
   args+=(--junitxml "$out/$tier.xml")
   if [ "$tier" = e2e ] && [ "$JOBS" -gt 1 ]; then
     args+=(-n "$JOBS" --dist loadfile)
+  elif [ "$tier" = integration ] && [ "$JOBS" -gt 1 ]; then
+    args+=(-n "$JOBS" --dist load)
   elif [ "$tier" = unit ] && [ "$UNIT_JOBS" -gt 1 ]; then
     args+=(-n "$UNIT_JOBS" --dist load)
   fi
