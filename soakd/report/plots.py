@@ -2,9 +2,9 @@
 
 Each function returns an ``<svg>`` element ready to paste into HTML: the XML prolog and DOCTYPE
 are stripped, text stays text (``svg.fonttype = none``), and a run-independent hash salt keeps
-the output reproducible. Figures are made as bare ``Figure`` objects, not through pyplot: every
-soak draws its report at the end, and pyplot's figure manager and backend set-up added a fifth to
-that cost (no display is ever needed; ``savefig`` picks the SVG canvas itself).
+the output reproducible. Figures are made as bare ``Figure`` objects, not through pyplot: pyplot's
+global figure manager keeps every figure alive until it is closed, and its backend set-up adds
+import time at each soak's end (no display is ever needed; ``savefig`` picks the SVG canvas).
 """
 
 from __future__ import annotations
