@@ -100,6 +100,16 @@ def run_tool(cmd: list[str], pattern: str) -> Result:
     return float(m.group(1)), cpu / wall
 
 
+def measured(what: str, cmd: list[str], count: Callable[[], float], seconds: float) -> Result:
+    """Start a driver, measure it over a steady window, stop it."""
+    proc = psutil.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        return steady(what, proc, count, seconds)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
 def run_soakd(
     url: str, samples: Path, state: Path, conns: int, seconds: float, *, workers: int = 1, core: str | None = None
 ) -> Result:
@@ -107,12 +117,7 @@ def run_soakd(
     cmd = [*pinned(core), sys.executable, "-m", "soakd", "run", "--target", f"{url}/ok", "--api", "http"]
     cmd += ["--samples", str(samples), "--concurrency", str(conns), "--warmup", "5", "--workers", str(workers)]
     cmd += ["--metrics-addr", f"127.0.0.1:{port}", "--state-dir", str(state), "--memory-interval", "5s"]
-    proc = psutil.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        return steady("soakd", proc, lambda: soakd_ok(f"http://127.0.0.1:{port}/metrics"), seconds)
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    return measured("soakd", cmd, lambda: soakd_ok(f"http://127.0.0.1:{port}/metrics"), seconds)
 
 
 def run_locust(locust: Path, locustfile: Path, url: str, conns: int, seconds: float, processes: int) -> Result:
@@ -120,12 +125,7 @@ def run_locust(locust: Path, locustfile: Path, url: str, conns: int, seconds: fl
     cmd = [str(locust), "-f", str(locustfile), "--host", url, "--users", str(conns), "--spawn-rate", str(conns)]
     cmd += ["--autostart", "--web-host", "127.0.0.1", "--web-port", str(port), "--loglevel", "WARNING"]
     cmd += ["--processes", str(processes)]
-    proc = psutil.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        return steady("locust", proc, lambda: locust_ok(f"http://127.0.0.1:{port}"), seconds)
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    return measured("locust", cmd, lambda: locust_ok(f"http://127.0.0.1:{port}"), seconds)
 
 
 def steady(what: str, proc: psutil.Popen, count: Callable[[], float], seconds: float, settle: float = 2.0) -> Result:

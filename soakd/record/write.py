@@ -26,10 +26,8 @@ def seconds_to_ms(seconds: float) -> float | None:
 
 
 def stage_summary(snap: HistSnapshot) -> dict[str, Any]:
-    out: dict[str, Any] = {k: seconds_to_ms(snap.percentile(q)) for k, q in QUANTILES.items()}
-    out["max"] = seconds_to_ms(snap.maximum) if snap.count else None
-    out["mean"] = seconds_to_ms(snap.mean())
-    out["count"] = snap.count
+    """:func:`percentiles` as plain JSON values, for the blocks still assembled as mappings."""
+    out: dict[str, Any] = msgspec.to_builtins(percentiles(snap))
     return out
 
 

@@ -124,12 +124,14 @@ def build_summary(
     in). The blocks that come from below the record's layer (the engine's batch figures, the
     replay loop's, the target's) arrive as mappings and are converted here, at that boundary."""
     completed = stats.completed
+    batch = msgspec.convert(engine.batch_size_summary(), BatchSize)
+    batch.buckets = batch_buckets(metrics)
     record = RunRecord(
         throughput_rps=round(completed.get("ok", 0) / stats.elapsed, 3),
         duration_seconds=round(stats.elapsed, 3),
         requests=completed,
         latency_ms={s: percentiles(h) for s, h in stats.stages.items() if h.count or s == "e2e"},
-        batch_size=msgspec.convert(engine.batch_size_summary(), BatchSize),
+        batch_size=batch,
         input_shapes_seen=engine.shapes_seen,
         cold_start=cold,
         run=run,
@@ -137,8 +139,6 @@ def build_summary(
         # A resumed run: earlier segments count toward the minimum duration.
         run_duration_seconds=round(elapsed_before + stats.elapsed, 3),
     )
-    assert isinstance(record.batch_size, BatchSize)
-    record.batch_size.buckets = batch_buckets(metrics)
     if engine.open_loop:
         lag = percentiles(stats.lag)
         record.schedule_lag_ms = ScheduleLag(p50=lag.p50, p99=lag.p99, max=lag.max)
