@@ -11,9 +11,14 @@ the blocks. Torch-free, so bench/limit.py's parent can import it.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import resource
 from dataclasses import dataclass
+
+from soakd.config import Config
+
+log = logging.getLogger("soakd")
 
 # glibc: one arena (the main one grows by sbrk, without the 64 MB heap limit), nothing mapped
 # per block, nothing trimmed. The builtin convnet at batch 8: 75,267 faults a call -> 0, 60 -> 160 req/s.
@@ -87,3 +92,20 @@ def keep_large_blocks() -> str | None:
         if mallopt(_MALLOPT[name], min(int(value), 2**31 - 1)) != 1:  # mallopt takes a C int
             return None
     return " ".join(f"{k}={v}" for k, v in GLIBC_KEEP_BLOCKS.items())
+
+
+DEMO_MODEL = "builtin:convnet"  # the default model: what `make demo` and a bare `soakd run` soak
+
+
+def demo_allocator(cfg: Config) -> None:
+    """soakd's own demo model runs at its honest pace: with glibc keeping large blocks (set in
+    process, before any model thread starts), its activations stop faulting in afresh on every
+    call, which otherwise makes glibc, not the model, set the pace (docs/model-threads.md).
+    A user's model runs under whatever allocator soakd was started with."""
+    if cfg.model.spec != DEMO_MODEL or cfg.target.url is not None:
+        return
+    applied = keep_large_blocks()
+    if applied is not None:
+        log.info(  # one line, said once: the demo's own setting, not advice about the user's model
+            "%s (the demo model) runs with glibc keeping large blocks: %s (%s)", DEMO_MODEL, applied, ALLOCATOR_DOC
+        )

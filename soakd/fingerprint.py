@@ -6,12 +6,14 @@ import os
 import platform
 import socket
 import time
-from typing import Any
-
-import torch
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
 
 import soakd
 from soakd.config import Config
+
+if TYPE_CHECKING:
+    import torch
 
 ALLOCATOR_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING", "MALLOC_ARENA_MAX")
 
@@ -43,6 +45,8 @@ def nvidia_driver_version() -> str | None:
 
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
+        import torch  # loaded already: a model is on this device
+
         return torch.cuda.get_device_name(device)
     return cpu_model()
 
@@ -73,7 +77,6 @@ def fingerprint(
 ) -> dict[str, Any]:
     """``device`` None and ``target`` given: a served model, known by its URL and API (its weights
     and device are the server's; no sha256 here)."""
-    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None  # type: ignore[no-untyped-call]
     out: dict[str, Any] = {
         "run_id": run_id,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -88,9 +91,7 @@ def fingerprint(
         "cpu_model": cpu_model(),
         "host": socket.gethostname(),
         "soakd_version": soakd.__version__,
-        "torch_version": torch.__version__,
-        "cuda_version": torch.version.cuda,
-        "cudnn_version": cudnn,
+        **_torch_build(device),
         "driver_version": nvidia_driver_version() if device is not None and device.type == "cuda" else None,
         "python_version": platform.python_version(),
         "allocator_env": {k: os.environ[k] for k in ALLOCATOR_ENV if k in os.environ},
@@ -99,3 +100,14 @@ def fingerprint(
     if target is not None:
         out["target"] = target
     return out
+
+
+def _torch_build(device: torch.device | None) -> dict[str, Any]:
+    """The torch, CUDA and cuDNN a model in this process runs on. A served model runs on the
+    server's: the driver records its installed torch (read without importing it) and no CUDA."""
+    if device is None:
+        return {"torch_version": metadata.version("torch"), "cuda_version": None, "cudnn_version": None}
+    import torch  # loaded already: a model is on this device
+
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None  # type: ignore[no-untyped-call]
+    return {"torch_version": torch.__version__, "cuda_version": torch.version.cuda, "cudnn_version": cudnn}

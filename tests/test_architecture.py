@@ -109,7 +109,7 @@ def test_no_import_circle_in_soakd() -> None:
 LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(layer.split())
     for layer in (
-        "errors names specs",  # words every layer shares
+        "errors names specs tensors",  # words every layer shares
         "config",  # what the user asked for
         "host_limits allocator request fingerprint endpoints preflight",  # the process around a run
         "telemetry models workload",  # measuring, the model, the requests

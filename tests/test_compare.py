@@ -131,6 +131,22 @@ def test_fingerprint_differences_warn(tmp_path: Path) -> None:
     assert "no regression" in text
 
 
+def test_the_driver_cuda_build_of_served_runs_is_not_a_difference() -> None:
+    """A served model's driver runs no model: an old served run that recorded the driver's CUDA
+    build (12.8) against a new one that records none is like for like; two runs of a model in
+    process that differ in CUDA are not."""
+    a = doc([1000.0] * 5, [10.0] * 5)
+    a["run"].update(device="remote", cuda_version="12.8", cudnn_version=91002)
+    b = copy.deepcopy(a)
+    b["run"].update(cuda_version=None, cudnn_version=None)
+    assert not [w for w in judged(a, b).warnings if "fingerprints differ" in w]
+    a["run"]["device"] = b["run"]["device"] = "cuda:0"
+    assert [w for w in judged(a, b).warnings if "fingerprints differ" in w] == [
+        "fingerprints differ in cuda_version: '12.8' vs None",
+        "fingerprints differ in cudnn_version: 91002 vs None",
+    ]
+
+
 def test_unreadable_input_exits_2(tmp_path: Path) -> None:
     """A missing file or a JSON that is not a summary is a usage error."""
     bad = tmp_path / "bad.json"

@@ -15,9 +15,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from soakd.config import Config
 from soakd.load.batcher import Batcher
@@ -29,8 +29,10 @@ from soakd.request import Inlet, Request
 from soakd.targets.base import AnyTarget, RequestTarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.histogram import HistSnapshot
-from soakd.workload.postprocess import postprocessor
 from soakd.workload.sources import RequestSource
+
+if TYPE_CHECKING:  # torch is imported where a model runs in process: a served target needs none
+    import torch
 
 log = logging.getLogger("soakd.engine")
 
@@ -51,6 +53,8 @@ class EngineStats:
 
 
 def _is_oom(exc: BaseException) -> bool:
+    import torch  # in-process only: a served target's soak never loads torch
+
     oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
     return (oom_type is not None and isinstance(exc, oom_type)) or "out of memory" in str(exc).lower()
 
@@ -132,6 +136,8 @@ class Engine:
         if post == "auto":
             post = "auto" if self.preprocess_pool is not None else "none"  # auto: with real samples only
         if post != "none":
+            from soakd.workload.postprocess import postprocessor  # torch's: in-process outputs only
+
             self._hist["postprocess"] = self.metrics.request_duration.labels("postprocess")
             self.postprocess = PostprocessThread(
                 postprocessor(post),
@@ -259,6 +265,8 @@ class Engine:
         target = self.target
         if not target.batches:  # a request target runs no batch loop (see _request_done)
             return
+        import torch  # in-process only: a served target's soak never loads torch
+
         pad, post, clock = self.cfg.input.pad, self.postprocess, self.clock
         keys_seen = self._keys_seen
         model_s, overhead_s = self._model_s, self._overhead_s

@@ -22,10 +22,9 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from soakd.errors import ConfigError
 from soakd.request import Request
+from soakd.tensors import is_tensor
 from soakd.workload.prompts import Prompt
 from soakd.workload.traces import LOG_HEADER_KEY
 
@@ -41,7 +40,7 @@ def size_of(payload: Any) -> Size:
     """What the log keeps of a request's payload: cheap, on the completing thread."""
     if isinstance(payload, Prompt):
         return payload.input_tokens, payload.max_tokens, None, None
-    if isinstance(payload, torch.Tensor):
+    if is_tensor(payload):
         shape = tuple(payload.shape)
         tokens = shape[0] if len(shape) == 1 and not payload.is_floating_point() else None
         return tokens, None, shape, None

@@ -17,14 +17,16 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from soakd.request import Inlet, Request
 from soakd.telemetry.histogram import LogHistogram
 from soakd.workload.samples import BadSampleLog
+
+if TYPE_CHECKING:
+    import torch
 
 # Batch key of requests whose sample could not be preprocessed: they still travel through the
 # batcher so that the model thread completes them (and, in closed loop, replaces them).

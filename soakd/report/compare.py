@@ -42,6 +42,9 @@ FINGERPRINT_KEYS = (
     "cudnn_version",
     "driver_version",
 )
+# A served model's driver runs no model: its CUDA build is not part of what was measured (served
+# runs record none since soakd stopped importing torch for them; older ones recorded the driver's).
+DRIVER_SIDE = ("cuda_version", "cudnn_version")
 CONFIG_IGNORED = ("output", "state", "metrics", "otel")  # where a run writes, not what it measures
 STAGE_ORDER = ("e2e", "queue", "inference", "preprocess", "postprocess")
 
@@ -269,7 +272,10 @@ class Comparison:
 
     def fingerprints(self) -> None:
         fa, fb = self.a.fingerprint, self.b.fingerprint
+        served = fa.get("device") == fb.get("device") == "remote"
         for key in FINGERPRINT_KEYS:
+            if served and key in DRIVER_SIDE:
+                continue
             if fa.get(key) != fb.get(key):
                 self.warnings.append(f"fingerprints differ in {key}: {fa.get(key)!r} vs {fb.get(key)!r}")
         ca, cb = _flatten(fa.get("config") or {}), _flatten(fb.get("config") or {})

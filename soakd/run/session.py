@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 import soakd
-from soakd.allocator import CpuFaults, fault_warning
+from soakd.allocator import CpuFaults, demo_allocator, fault_warning
 from soakd.analysis.monitor import LeakMonitor, monitor_for_run
 from soakd.config import Config
 from soakd.endpoints import EndpointServer
@@ -28,8 +28,8 @@ from soakd.load.engine import Engine, EngineStats
 from soakd.load.phases import PhaseScheduler
 from soakd.load.record import RequestRecorder
 from soakd.record.write import write_record
-from soakd.run import steps
 from soakd.run.health import Health
+from soakd.run.identity import new_run_id
 from soakd.run.lifecycle import Lifecycle
 from soakd.run.prepare import Preparation, prepare
 from soakd.run.shard import one_watcher, remaining, wait_for_start
@@ -39,7 +39,6 @@ from soakd.run.summary import build_summary, print_summary, status_line
 from soakd.run.verdict import conclude
 from soakd.run.windows import Delta, StoreWindow, WindowRecorder, window_length
 from soakd.targets.base import AnyTarget
-from soakd.targets.local import LocalModelTarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.pipeline import Telemetry, resource_attributes, run_samplers
 from soakd.telemetry.series import SeriesStore
@@ -98,7 +97,7 @@ class RunSession:
     # ------------------------------------------------------------------ the whole run
 
     def run(self) -> int:
-        steps.demo_allocator(self.cfg)  # before the first thread (the metrics server) starts
+        demo_allocator(self.cfg)  # before the first thread (the metrics server) starts
         m = self.metrics
         m.build_info.labels(soakd.__version__).set(1)
         server = EndpointServer(self.cfg.metrics.addr, m.registry, health=self.health, status=self.status)
@@ -108,7 +107,7 @@ class RunSession:
         try:
             # State dir (a corrupt file is moved aside), run id (resumed under systemd),
             # sd_notify, the log file and SIGHUP.
-            self.life = Lifecycle.open(self.cfg, m, steps.new_run_id)
+            self.life = Lifecycle.open(self.cfg, m, new_run_id)
             self.life.on_phase.append(self._on_phase)
             return self._run_target(self.life)
         finally:
@@ -280,7 +279,7 @@ class RunSession:
             # still out are ended by the target (sent: timeout, never sent: dropped).
             where = (
                 f"{queued} requests that never reached the model are counted as dropped"
-                if isinstance(engine.target, LocalModelTarget)
+                if engine.target.batches  # a model in this process
                 else "the requests still out at the target are counted as timeouts (never sent: dropped)"
             )
             log.warning("drain timed out after %.1fs: %s", cfg.load.drain_timeout, where)
@@ -314,7 +313,7 @@ class RunSession:
                 windows.add(stats)
                 print(status_line(stats.elapsed, win, stats, self.offline_rps), file=self.out, flush=True)
                 self._notice_harness(last, stats)
-                if self._faults_at is not None and isinstance(engine.target, LocalModelTarget):
+                if self._faults_at is not None and engine.target.batches:
                     now_at = (stats, CpuFaults.now())
                     self._notice_faults(self._faults_at, now_at)
                     self._faults_at = now_at

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from soakd.config import Config
 from soakd.telemetry.catalogue import Metrics
@@ -22,15 +20,20 @@ from soakd.telemetry.series import SeriesStore
 from soakd.telemetry.torch_cuda import TorchCudaSampler, TorchCudaSnapshotSampler
 from soakd.telemetry.watched import TargetGpuSampler, TargetProcessSampler, UnitResolver
 
+if TYPE_CHECKING:
+    import torch
+
 log = logging.getLogger("soakd.telemetry")
 
 BatchHook = Callable[[int, float, float, str], None]
 
 
-def cuda_devices(device: torch.device) -> list[int]:
-    """CUDA device indices the model uses (empty on CPU)."""
-    if device.type != "cuda":
+def cuda_devices(device: torch.device | None) -> list[int]:
+    """CUDA device indices the model uses (empty on CPU, and with no model in this process)."""
+    if device is None or device.type != "cuda":
         return []
+    import torch  # loaded already: a model is on this device
+
     return [device.index if device.index is not None else torch.cuda.current_device()]
 
 
@@ -39,6 +42,8 @@ def gpu_uuids(devices: list[int]) -> list[str] | None:
     board ("GPU-...") and as a MIG instance ("MIG-..."; torch gives the bare UUID for both)."""
     if not devices:
         return None
+    import torch  # loaded already: a model is on these devices
+
     try:
         bare = [str(torch.cuda.get_device_properties(i).uuid) for i in devices]
     except (AttributeError, RuntimeError):  # older torch without .uuid
@@ -72,11 +77,12 @@ def run_samplers(
     cfg: Config,
     metrics: Metrics,
     series: SeriesStore,
-    device: torch.device,
+    device: torch.device | None,
     units: Sequence[UnitResolver] = (),
 ) -> list[tuple[Sampler, float]]:
-    """The samplers of a soak on ``device``, each with its interval (``units``: the resolved
-    ``--watch-unit`` units, :func:`soakd.telemetry.watched.resolve_units`)."""
+    """The samplers of a soak on ``device`` (None: a served target's, no model in this process),
+    each with its interval (``units``: the resolved ``--watch-unit`` units,
+    :func:`soakd.telemetry.watched.resolve_units`)."""
     mem = cfg.memory
     devices = cuda_devices(device)
     samplers: list[Sampler] = [
@@ -96,11 +102,14 @@ def run_samplers(
     return out
 
 
-def resource_attributes(device: torch.device, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """OTLP resource attributes of a run on ``device`` (the GPU's name and UUID on CUDA)."""
-    attrs: dict[str, Any] = {"soakd.device": str(device), **(extra or {})}
+def resource_attributes(device: torch.device | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """OTLP resource attributes of a run on ``device`` (the GPU's name and UUID on CUDA; a served
+    target's driver, ``device`` None, runs on this host's CPU)."""
+    attrs: dict[str, Any] = {"soakd.device": "cpu" if device is None else str(device), **(extra or {})}
     devices = cuda_devices(device)
     if devices:
+        import torch  # in-process only: a served target's soak never loads torch
+
         attrs["soakd.gpu.name"] = torch.cuda.get_device_name(devices[0])
         uuids = gpu_uuids(devices)
         if uuids:

@@ -5,14 +5,13 @@ accumulated counters are never reset, so a user's own ``memory_summary()`` stays
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
-
-import torch
 
 from soakd.telemetry.catalogue import Metrics
 from soakd.telemetry.scheduler import SourceUnavailable
@@ -39,26 +38,38 @@ class CudaBackend(Protocol):
 
 
 class TorchCuda:
-    """The real backend."""
-
-    def __init__(self) -> None:
-        # memory_snapshot(include_traces=False) arrived in torch 2.11 (pytorch PR 172672); before
-        # it every snapshot symbolises the allocation-history ring with the GIL held (~0.7 s at
-        # 100k entries), so while soakd records history the snapshot is not read at all.
-        self.skips_traces = "include_traces" in inspect.signature(torch.cuda.memory_snapshot).parameters
+    """The real backend. Each method imports torch where it reads it: the samplers of a run with
+    no CUDA device (a served target's: no model here) stop at ``open()`` and never load it."""
 
     def is_available(self) -> bool:
+        import torch  # in-process only: a served target's soak never loads torch
+
         return bool(torch.cuda.is_available())
 
     def memory_stats(self, device: int) -> Mapping[str, Any]:
+        import torch  # in-process only: a served target's soak never loads torch
+
         return torch.cuda.memory_stats(device)
 
     def mem_get_info(self, device: int) -> tuple[int, int]:
+        import torch  # in-process only: a served target's soak never loads torch
+
         free, total = torch.cuda.mem_get_info(device)
         return int(free), int(total)
 
+    @functools.cached_property
+    def skips_traces(self) -> bool:
+        """memory_snapshot(include_traces=False) arrived in torch 2.11 (pytorch PR 172672); before
+        it every snapshot symbolises the allocation-history ring with the GIL held (~0.7 s at
+        100k entries), so while soakd records history the snapshot is not read at all."""
+        import torch  # in-process only: a served target's soak never loads torch
+
+        return "include_traces" in inspect.signature(torch.cuda.memory_snapshot).parameters
+
     def memory_snapshot(self) -> Sequence[Mapping[str, Any]] | None:
         """The segments, or None when reading them now would symbolise the history ring."""
+        import torch  # in-process only: a served target's soak never loads torch
+
         if self.skips_traces:
             snap = torch.cuda.memory_snapshot(include_traces=False)  # type: ignore[no-untyped-call,unused-ignore]
         elif HISTORY_RECORDING.is_set():
@@ -179,6 +190,8 @@ class TorchCudaSnapshotSampler:
         snap = self.backend.memory_snapshot()
         if snap is None:  # the last figure stands until history recording stops
             if not self._said:
+                import torch  # in-process only: a served target's soak never loads torch
+
                 self._said = True
                 log.info(
                     "torch %s has no memory_snapshot(include_traces=...) (torch 2.11+): the largest free "

@@ -16,13 +16,15 @@ import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from PIL import Image, UnidentifiedImageError
 
 from soakd.workload.seqlen import PAD_KEY
+
+if TYPE_CHECKING:  # torch is loaded when a tensor is first made: a served target's soak never does
+    import torch
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp"})
 JSON_EXTENSIONS = frozenset({".json"})
@@ -69,6 +71,8 @@ def decode_image(data: bytes, shape: tuple[int, int, int]) -> torch.Tensor:
     arr = chw.astype(np.float32, order="C")
     arr *= _SCALE[c]
     arr -= _OFFSET[c]
+    import torch  # in-process only: a served target's soak never loads torch
+
     return torch.from_numpy(arr)
 
 
@@ -78,6 +82,8 @@ def tokenize(text: str, vocab: int, max_tokens: int) -> torch.Tensor:
     words = text.split(None, max_tokens)[:max_tokens]  # never splits more of a long line than it keeps
     if not words:
         raise BadInput("no tokens")
+    import torch  # in-process only: a served target's soak never loads torch
+
     return torch.tensor([zlib.crc32(w.encode()) % (vocab - 1) + 1 for w in words], dtype=torch.int64)
 
 
@@ -92,7 +98,7 @@ class Preprocessor:
     def __init__(
         self,
         image_shape: tuple[int, int, int] | None,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | None = None,  # None: float32
         *,
         pad: bool = False,
         vocab: int = 30522,
@@ -101,7 +107,9 @@ class Preprocessor:
     ) -> None:
         self.image_shape = image_shape
         self.max_sample_bytes = max_sample_bytes
-        self.dtype = dtype
+        import torch  # in-process only: a served target's soak never loads torch
+
+        self.dtype = torch.float32 if dtype is None else dtype
         self.pad = pad
         self.vocab = vocab
         self.max_tokens = max_tokens
@@ -175,6 +183,8 @@ class Preprocessor:
                 raise BadInput(f"array is not a numeric nd-array: {type(exc).__name__}: {exc}") from None
             if arr.size == 0:
                 raise BadInput("array is empty")
+            import torch  # in-process only: a served target's soak never loads torch
+
             return tuple(arr.shape), torch.from_numpy(arr).to(self.dtype)
         if isinstance(body.get("text"), str):
             return self._text(body["text"])

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from soakd.config import Config
 from soakd.config.parse import parse_shard
@@ -24,6 +22,9 @@ from soakd.workload.replay_prompts import PromptSizer
 from soakd.workload.seqlen import PAD_KEY
 from soakd.workload.sources import RequestSource
 from soakd.workload.traces import Row, RowCounts, Trace, TraceInfo, scan
+
+if TYPE_CHECKING:  # torch is loaded where tensors are made: an openai trace makes none
+    import torch
 
 log = logging.getLogger("soakd")
 
@@ -61,6 +62,8 @@ class TokenSizer:
     def __init__(self, spec: SeqLenSpec, *, pad: bool, seed: int) -> None:
         self.spec = spec
         self.pad = pad
+        import torch  # here, not at the top: see TYPE_CHECKING above
+
         gen = torch.Generator().manual_seed(seed)
         self._tokens = torch.randint(1, spec.vocab, (spec.high,), generator=gen, dtype=torch.int64)
         self.clipped = 0  # rows longer than the spec's maximum, sent at the maximum
@@ -85,6 +88,8 @@ class LengthSizer:
         self.shape = shape
         self.high = shape[-1]
         self._encode = encode
+        import torch  # here, not at the top: see TYPE_CHECKING above
+
         gen = torch.Generator().manual_seed(seed)
         self._ids = torch.randint(1, 500, shape, generator=gen, dtype=torch.int64)  # token ids, or values
         self._made: dict[int, tuple[Any, Any]] = {}
@@ -114,6 +119,8 @@ class ShapeSizer:
     def __init__(self, base: RequestSource, dtype: torch.dtype, seed: int) -> None:
         self.base = base
         self.dtype = dtype
+        import torch  # here, not at the top: see TYPE_CHECKING above
+
         self._gen = torch.Generator().manual_seed(seed)
         self._made: dict[tuple[int, ...], torch.Tensor] = {}
 
@@ -125,6 +132,8 @@ class ShapeSizer:
         if tensor is None:
             if len(self._made) >= MAX_SHAPES:
                 return self.base.next()
+            import torch  # loaded already, by __init__
+
             tensor = self._made[shape] = torch.randn(shape, generator=self._gen).to(self.dtype)
         return shape, tensor
 

@@ -14,9 +14,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from soakd.workload.preprocess import (
     DEFAULT_MAX_SAMPLE_BYTES,
@@ -29,6 +27,9 @@ from soakd.workload.preprocess import (
 )
 
 log = logging.getLogger("soakd.samples")
+
+if TYPE_CHECKING:
+    import torch
 
 SAMPLE_EXTENSIONS = IMAGE_EXTENSIONS | JSON_EXTENSIONS | TEXT_EXTENSIONS
 WARMUP_SEARCH_SECONDS = 10.0  # looking for warm-up samples in a huge or slow tree stops after this
@@ -206,6 +207,8 @@ class SampleSource:
 
     def warmup_inputs(self) -> list[tuple[Any, torch.Tensor]]:
         """The first few samples that decode (their real shapes), else a zero image."""
+        import torch  # in-process only: a served target's soak never loads torch
+
         out: list[tuple[Any, torch.Tensor]] = []
         seen: set[Any] = set()
         deadline = time.monotonic() + WARMUP_SEARCH_SECONDS

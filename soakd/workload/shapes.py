@@ -7,12 +7,14 @@ hundred nanoseconds and the load generator never competes with the model for the
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from soakd.specs import Shape, parse_shape_mix
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Shape", "ShapeSource", "parse_shape_mix"]
 
@@ -29,18 +31,21 @@ class ShapeSource:
         spec: str,
         *,
         pool: int = 8,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | None = None,  # None: float32
         seed: int = 0,
         encode: Callable[[Shape, torch.Tensor], Any] | None = None,
     ) -> None:
         """``encode`` (a network target's): each pooled tensor is kept only as the payload it
         makes (JSON bytes, a gRPC message), made once here."""
+        import torch  # here, not at the top: the modules that name this class run without a model
+
         self.mix = parse_shape_mix(spec)
         self.shapes = [s for s, _ in self.mix]
         gen = torch.Generator().manual_seed(seed)
         made = (lambda s, t: t) if encode is None else encode
         self._pools: list[list[Any]] = [
-            [made(s, torch.randn(s, generator=gen).to(dtype)) for _ in range(pool)] for s in self.shapes
+            [made(s, torch.randn(s, generator=gen).to(dtype or torch.float32)) for _ in range(pool)]
+            for s in self.shapes
         ]
         self._weights = np.array([w for _, w in self.mix])
         self._rng = np.random.default_rng(seed)

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol
 
 from soakd.config import Config, ConfigError
 from soakd.workload.preprocess import Preprocessor
 from soakd.workload.samples import SampleSource
 from soakd.workload.seqlen import SeqLenSource, is_seq_spec
 from soakd.workload.shapes import ShapeSource, parse_shape_mix
+
+if TYPE_CHECKING:
+    import torch
 
 
 class RequestSource(Protocol):

@@ -9,9 +9,11 @@ import logging
 import sys
 from typing import Any, TextIO
 
+from soakd.allocator import demo_allocator
 from soakd.config import Config, ConfigError
 from soakd.record.write import write_json_atomic
-from soakd.run import steps as shared
+from soakd.run import served
+from soakd.run.identity import new_run_id
 from soakd.run.stop import StopFlag
 from soakd.run.sweep.planner import SweepPlan, plan
 from soakd.run.sweep.results import find_knee, judge_errors, print_table, recommend, step_figures
@@ -27,7 +29,9 @@ def sweep_command(cfg: Config, ns: argparse.Namespace, out: TextIO = sys.stdout)
     sweep = plan(cfg, ns)
     if cfg.target.url is not None:
         return _sweep_network(cfg, ns, sweep, out)
-    shared.demo_allocator(cfg)  # before the model's threads start
+    from soakd.run import steps as shared  # torch and the model's modules: a model in this process
+
+    demo_allocator(cfg)  # before the model's threads start
     model, target = shared.load_target(cfg)
     try:
         biggest = max(s["max_batch_size"] for s in sweep.steps)
@@ -43,18 +47,18 @@ def _sweep_network(cfg: Config, ns: argparse.Namespace, sweep: SweepPlan, out: T
     its pool sized for the largest step."""
     if len({s["max_batch_size"] for s in sweep.steps}) > 1:
         raise ConfigError("--max-batch-size: a served model batches on the server; sweep --concurrency or --rate")
-    early = shared.read_inputs(cfg)
-    replay = shared.open_replay(cfg)  # a bad trace: exit 2 before anything connects
+    early = served.read_inputs(cfg)
+    replay = served.open_replay(cfg)  # a bad trace: exit 2 before anything connects
     opened = copy.deepcopy(cfg)
     if sweep.mode == "concurrency":
         opened.load.concurrency = max(int(s["concurrency"]) for s in sweep.steps)
         opened.load.rate = None
-    target, connect_s = shared.open_network_target(opened, Metrics())
+    target, connect_s = served.open_network_target(opened, Metrics())
     try:
-        source = shared.network_source(cfg, target, early, replay)
-        warm = shared.warm_up_target(cfg, target, source, StopFlag().event)
+        source = served.network_source(cfg, target, early, replay)
+        warm = served.warm_up_target(cfg, target, source, StopFlag().event)
         st = SweepTarget(target, lambda _c: source)
-        return _sweep(cfg, ns, sweep, st, shared.target_cold_start(connect_s, warm, cfg.model.warmup), out)
+        return _sweep(cfg, ns, sweep, st, served.target_cold_start(connect_s, warm, cfg.model.warmup), out)
     finally:
         target.close()
 
@@ -91,12 +95,13 @@ def _sweep(
     judge_errors(steps, cfg.slo)
     knee = find_knee(steps if sweep.one_axis else sorted(steps, key=lambda s: s["throughput_rps"]))
     rec = recommend(steps, sweep.slo_p99_ms, knee, prefer_stable=sweep.step_duration is None)
-    run_id = shared.new_run_id()
-    run_fp = (
-        shared.run_fingerprint(cfg, run_id, st.model)
-        if st.model is not None
-        else shared.target_fingerprint(cfg, run_id)
-    )
+    run_id = new_run_id()
+    if st.model is not None:
+        from soakd.run.steps import run_fingerprint  # loaded already: the model is in this process
+
+        run_fp = run_fingerprint(cfg, run_id, st.model)
+    else:
+        run_fp = served.target_fingerprint(cfg, run_id)
     result = {
         "mode": sweep.mode,
         "slo_p99_ms": sweep.slo_p99_ms,

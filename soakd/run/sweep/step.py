@@ -9,18 +9,19 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
-import torch
 
 from soakd.config import Config
 from soakd.load.engine import Engine, EngineStats
-from soakd.models.loader import LoadedModel
 from soakd.run.sweep.planner import SweepPlan, step_config
 from soakd.targets.base import AnyTarget
 from soakd.telemetry.catalogue import Metrics
 from soakd.workload.sources import RequestSource
+
+if TYPE_CHECKING:
+    from soakd.models.loader import LoadedModel
 
 log = logging.getLogger("soakd.sweep")
 
@@ -103,6 +104,8 @@ def run_step(st: SweepTarget, cfg: Config, sweep: SweepPlan, settings: dict[str,
     cuda = st.cuda
     model = st.model
     if cuda and model is not None:
+        import torch  # loaded already: the model is on a CUDA device
+
         # Give back what earlier steps cached, so each step's peak is what its own batches need.
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(model.device)
@@ -134,5 +137,7 @@ def run_step(st: SweepTarget, cfg: Config, sweep: SweepPlan, settings: dict[str,
         log.warning("step %s: drain timed out with %d requests in flight", settings, engine.inflight)
     result.stable = is_stable(result.marks, sweep.tolerance)
     if cuda and model is not None:
+        import torch  # loaded already (see above)
+
         result.peak_gpu = int(torch.cuda.max_memory_reserved(model.device))
     return result
