@@ -361,14 +361,21 @@ def hinge_residual(y: Array) -> Array:
         return y - ols_slope(y) * np.arange(n, dtype=np.float64) if n >= 2 else y.copy()
     x = np.arange(n, dtype=np.float64) / n
     knots = np.linspace(0.125, 0.875, HINGE_KNOTS)
-    a = np.stack(
-        [np.ones((HINGE_KNOTS, n)), np.broadcast_to(x, (HINGE_KNOTS, n)), np.maximum(0.0, x[None, :] - knots[:, None])],
-        axis=2,
-    )
-    gram = np.einsum("kni,knj->kij", a, a)
-    coef = np.linalg.solve(gram, np.einsum("kni,n->ki", a, y)[..., None])[..., 0]
-    res = y[None, :] - np.einsum("kni,ki->kn", a, coef)
-    return np.asarray(res[int(np.argmin(np.sum(res * res, axis=1)))], dtype=np.float64)
+    h = np.maximum(0.0, x[None, :] - knots[:, None])  # each knot's third column
+    # Normal equations of the columns 1, x and h per knot: the sums over the two shared columns
+    # once, those with h as matrix-vector products (no knots x n x 3 design array: the detector
+    # fits this at every look, and the live monitor looks every minute on every series).
+    sh, sxh, shh, shy = h.sum(axis=1), h @ x, np.einsum("kn,kn->k", h, h), h @ y
+    gram = np.empty((HINGE_KNOTS, 3, 3))
+    gram[:, 0, 0], gram[:, 0, 1], gram[:, 1, 1] = n, x.sum(), x @ x
+    gram[:, 1, 0] = gram[:, 0, 1]
+    gram[:, 0, 2] = gram[:, 2, 0] = sh
+    gram[:, 1, 2] = gram[:, 2, 1] = sxh
+    gram[:, 2, 2] = shh
+    rhs = np.stack([np.full(HINGE_KNOTS, y.sum()), np.full(HINGE_KNOTS, x @ y), shy], axis=1)
+    coef = np.linalg.solve(gram, rhs[..., None])[..., 0]
+    res = y[None, :] - coef[:, :1] - coef[:, 1:2] * x[None, :] - coef[:, 2:3] * h
+    return np.asarray(res[int(np.argmin(np.einsum("kn,kn->k", res, res)))], dtype=np.float64)
 
 
 def lag_variogram(y: Array, lags: int, *, detrend: bool = True) -> Array:
@@ -379,9 +386,14 @@ def lag_variogram(y: Array, lags: int, *, detrend: bool = True) -> Array:
     n = y.size
     lags = max(1, min(lags, n - 1))
     r = y - ols_slope(y) * np.arange(n, dtype=np.float64) if detrend else y
-    win = np.lib.stride_tricks.sliding_window_view(r, lags)
-    d = win - win[:, :1]
-    return np.asarray(np.mean(d * d, axis=0), dtype=np.float64)
+    r = r - r.mean()  # the variogram ignores the level; centred, the sums below keep their digits
+    m = n - lags + 1
+    # mean((r[i+h] - r[i])^2) = (sum r[i+h]^2 + sum r[i]^2 - 2 sum r[i] r[i+h]) / m: running sums
+    # and one correlation, instead of the m x lags array of differences (8 MB at a 6 h window).
+    sq = np.concatenate(([0.0], np.cumsum(r * r)))
+    out = (sq[m : m + lags] - sq[:lags] + sq[m] - 2.0 * np.correlate(r, r[:m], "valid")) / m
+    out[0] = 0.0
+    return np.asarray(np.maximum(out, 0.0), dtype=np.float64)
 
 
 def level_shifts(y: Array, max_lag: int, min_sigmas: float = 5.0, limit: int = 12) -> list[tuple[int, float]]:
