@@ -219,7 +219,11 @@ def test_a_model_bound_by_page_faults_is_named_in_a_warning(tmp_path: Path, case
         assert off["soak_page_faults_per_call"] < 100
         assert "page-faults" not in res.stderr
     else:
-        assert off["soak_page_faults_per_call"] > every_page
+        # Soaking from call 12 on, the soak's first calls (those the probe left short of 12) still
+        # reuse the buffer: on a loaded host a 1 s soak makes few enough calls that they count
+        # (10,402 of 12,288 pages a call, seen). Half of every page still parts it from < 100.
+        floor = every_page if case == "fresh 48 MB a call" else 0.5 * every_page
+        assert off["soak_page_faults_per_call"] > floor
         assert off["soak_kernel_time_ratio"] > 0.2
     if case == "fresh in the soak only":
         warning = next(line for line in res.stderr.splitlines() if "page-faults" in line)
