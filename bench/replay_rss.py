@@ -10,7 +10,7 @@ rate and the schedule lag; then the ratio of the two peaks. The scan before the 
 rows, span, a step back in time) is part of what is measured: it reads the whole file once.
 
     .venv/bin/python bench/replay_rss.py [--long 2000000] [--short 1000] [--gap-ms 1] [--speed 2]
-        [--seconds 20] [--ceiling-rate 50000]
+        [--seconds 20] [--ceiling-rate 50000] [--rounds 3]
 
 ``--ceiling-rate R`` first runs the same schedule as ``--rate R --arrival constant`` and as a
 trace of rows 1/R apart, R past what the host completes, and prints the ratio of their
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -94,19 +95,33 @@ def run_noop(load: list[str], seconds: float, work: Path, name: str) -> tuple[di
 
 def ceiling(args: argparse.Namespace, work: Path) -> None:
     """The same schedule as ``--rate R --arrival constant`` and as a trace of rows 1/R apart, R
-    past what the host completes: the completed rate of each (the replay's overhead: their ratio)."""
+    past what the host completes: the completed rate of each (the replay's overhead: their ratio).
+    ``--rounds`` pairs, the order alternating (rate first, then replay first), each run its own
+    process; the median of each side and of the pairs' ratios."""
     rate = args.ceiling_rate
     trace = work / "ceiling.jsonl"
     write_trace(trace, int(rate * args.seconds * 1.5), 1000.0 / rate)
-    got = {}
-    for name, load in (
-        ("rate", ["--rate", str(rate), "--arrival", "constant"]),
-        ("replay", ["--replay", str(trace)]),
-    ):
-        _, s = run_noop(load, args.seconds, work, f"ceiling-{name}")
-        got[name] = s["throughput_rps"]
-        print(f"ceiling {name:6s}: {s['throughput_rps']:9.1f} req/s completed of {rate:g} offered", flush=True)
-    print(f"ceiling replay/rate: {got['replay'] / got['rate']:.3f} (goal: within 5% of 1)")
+    loads = {"rate": ["--rate", str(rate), "--arrival", "constant"], "replay": ["--replay", str(trace)]}
+    got: dict[str, list[float]] = {"rate": [], "replay": []}
+    ratios = []
+    for k in range(args.rounds):
+        order = ("rate", "replay") if k % 2 == 0 else ("replay", "rate")
+        pair = {}
+        for name in order:
+            _, s = run_noop(loads[name], args.seconds, work, f"ceiling-{name}-{k}")
+            pair[name] = s["throughput_rps"]
+            got[name].append(pair[name])
+        ratios.append(pair["replay"] / pair["rate"])
+        print(
+            f"ceiling round {k + 1} ({order[0]} first): rate {pair['rate']:9.1f}, replay {pair['replay']:9.1f} "
+            f"req/s completed of {rate:g} offered; replay/rate {ratios[-1]:.3f}",
+            flush=True,
+        )
+    med = {name: statistics.median(v) for name, v in got.items()}
+    print(
+        f"ceiling medians: rate {med['rate']:.1f}, replay {med['replay']:.1f} req/s; replay/rate median of "
+        f"pairs {statistics.median(ratios):.3f} (goal: within 5% of 1)"
+    )
 
 
 def main() -> None:
@@ -117,6 +132,7 @@ def main() -> None:
     p.add_argument("--speed", type=float, default=2.0)
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--ceiling-rate", type=float, default=0.0, help="also compare ceilings at this rate (req/s)")
+    p.add_argument("--rounds", type=int, default=3, help="ceiling pairs, in alternating order")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
