@@ -26,13 +26,12 @@ import json
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 import aiohttp
 import grpc
 import numpy as np
-import torch
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from soakd.config import TENSOR_OVERHEAD_BYTES, InputConfig, format_bytes
@@ -49,6 +48,9 @@ from soakd.targets.http import (
     short,
     status_class,
 )
+
+if TYPE_CHECKING:  # the tensors come made (shapes.py): an early exit never loads torch
+    import torch
 
 log = logging.getLogger("soakd.target")
 
