@@ -14,6 +14,7 @@ import pytest
 from soakd.config import ConfigError, load_config
 from soakd.load.record import RequestRecorder
 from soakd.request import Request
+from soakd.workload import traces
 from soakd.workload.prompts import Prompt
 from soakd.workload.replay_prompts import PromptSizer
 from soakd.workload.traces import Row, RowCounts, Trace, azure_time, scan
@@ -96,6 +97,45 @@ def test_bad_rows_are_counted_with_their_line_numbers(tmp_path: Path) -> None:
     assert (info.rows, info.bad) == (2, 2)
     assert info.bad_lines[0].startswith("line 2: not JSON")
     assert info.bad_lines[1].startswith("line 3: input_length")
+
+
+def test_the_typed_fast_path_reads_mooncake_rows_as_the_checks_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Well-formed Mooncake rows are decoded straight into their types; every other line goes
+    through the checks that name what is wrong. Both paths give the same rows and the same bad
+    lines: whole-number floats, integers past 64 bits, booleans, a missing output_length,
+    strings among hash_ids, an extra key, a blank line."""
+    lines = [
+        {"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1, 2]},
+        {"timestamp": 1.5, "input_length": 12.0, "output_length": 3},
+        {"timestamp": 2, "input_length": 5, "output_length": 3, "hash_ids": [2**70]},
+        {"timestamp": 3, "input_length": True, "output_length": 3},
+        {"timestamp": 4, "input_length": 5},
+        {"timestamp": 5, "input_length": 5, "output_length": 3, "hash_ids": ["x"]},
+        {"timestamp": 6, "input_length": 5, "output_length": 0, "hash_ids": [], "extra": {"a": [1]}},
+        {"timestamp": 7, "input_length": -1, "output_length": 3},
+    ]
+    path = write(tmp_path, "trace.jsonl", "\n".join(json.dumps(r) for r in lines) + "\n\n" + '{"timestamp": 9}\n')
+
+    def read() -> tuple[list[Row], list[str]]:
+        counts = RowCounts()
+        trace = Trace(path)
+        scan(trace)
+        return list(trace.rows(counts)), counts.bad_lines
+
+    fast = read()
+    monkeypatch.setattr(traces, "_MOONCAKE_JSON", None)
+    assert read() == fast
+    rows, bad = fast
+    assert [(r.line, r.input_tokens, r.hash_ids) for r in rows] == [
+        (1, 10, (1, 2)),
+        (2, 12, None),
+        (3, 5, (2**70,)),
+        (7, 5, None),
+    ]
+    assert [b.split(":")[0] for b in bad] == ["line 4", "line 5", "line 6", "line 8", "line 10"]
+    assert "got True" in bad[0] and "output_length" in bad[1] and "hash_ids" in bad[2]
 
 
 @pytest.mark.parametrize(

@@ -16,11 +16,12 @@ import hashlib
 import heapq
 import json
 import logging
+import math
 import re
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Any, TextIO
+from typing import Annotated, Any, TextIO
 
 import msgspec
 
@@ -73,6 +74,20 @@ class RowCounts:
 # decoder takes 0.27 us a Mooncake row where json.loads takes 1.39 us, and at 120,000 rows/s that
 # thread shares the GIL with the model's.
 _ROW_JSON = msgspec.json.Decoder()
+_Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class _MooncakeLine(msgspec.Struct):
+    """A well-formed Mooncake row, checked by msgspec in C (0.5 us a row against 2 in Python);
+    any other line takes the generic path, whose checks name what is wrong with it."""
+
+    timestamp: float
+    input_length: _Count
+    output_length: _Count
+    hash_ids: list[int] | None = None
+
+
+_MOONCAKE_JSON = msgspec.json.Decoder(_MooncakeLine)
 
 
 class _BadRow(ValueError):
@@ -280,7 +295,23 @@ class Trace:
 
     def _json_rows(self, fh: TextIO, counts: RowCounts) -> Iterator[Row]:
         parse: Callable[[dict[str, Any], int], Row] = _soakd if self.format == "soakd" else _mooncake
+        fast = _MOONCAKE_JSON if self.format == "mooncake" else None
         for line, text in enumerate(fh, 1):
+            if fast is not None:
+                try:
+                    m = fast.decode(text)
+                except msgspec.DecodeError:  # the generic path below names what is wrong
+                    pass
+                else:
+                    if math.isfinite(m.timestamp):
+                        yield Row(
+                            m.timestamp / 1000.0,  # milliseconds
+                            m.input_length,
+                            m.output_length,
+                            line,
+                            tuple(m.hash_ids) if m.hash_ids else None,
+                        )
+                        continue
             if not text.strip() or (line == 1 and self.format == "soakd"):
                 continue
             try:
