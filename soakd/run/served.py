@@ -197,15 +197,7 @@ def warm_up_target(
 
 
 def target_cold_start(connect_seconds: float, warm: WarmupResult, runs: int) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "target_connect_seconds": round(connect_seconds, 4),
-        "first_inference_seconds": round(warm.first_seconds, 4),
-        "warmup_seconds": round(warm.total_seconds, 4),
-        "warmup_runs": runs,
-    }
-    if warm.failures:
-        out["warmup_failures"] = warm.failures
-    return out
+    return {"target_connect_seconds": round(connect_seconds, 4), **warm.cold_start(runs)}
 
 
 def target_fingerprint(cfg: Config, run_id: str) -> dict[str, Any]:

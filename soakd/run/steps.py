@@ -92,15 +92,7 @@ def warm_up(
 
 
 def cold_start(model: LoadedModel, warm: WarmupResult, runs: int) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "model_load_seconds": round(model.load_seconds, 4),
-        "first_inference_seconds": round(warm.first_seconds, 4),
-        "warmup_seconds": round(warm.total_seconds, 4),
-        "warmup_runs": runs,
-    }
-    if warm.failures:
-        out["warmup_failures"] = warm.failures
-    return out
+    return {"model_load_seconds": round(model.load_seconds, 4), **warm.cold_start(runs)}
 
 
 def probe_offline(

@@ -22,6 +22,18 @@ class WarmupResult:
     failure_kinds: dict[str, int] = field(default_factory=dict)
     stopped: bool = False  # a stop request (SIGTERM) ended it early
 
+    def cold_start(self, runs: int) -> dict[str, Any]:
+        """The summary's cold-start figures of this warm-up (after the model's load or the
+        target's connect time, which the caller puts first)."""
+        out: dict[str, Any] = {
+            "first_inference_seconds": round(self.first_seconds, 4),
+            "warmup_seconds": round(self.total_seconds, 4),
+            "warmup_runs": runs,
+        }
+        if self.failures:
+            out["warmup_failures"] = self.failures
+        return out
+
 
 # A request target reports each finished request: (request, sent, finished, outcome); times on the
 # engine's perf_counter clock. ``sent`` is when it left the client (after waiting for a connection).
