@@ -3,6 +3,7 @@ rendered by a real headless browser."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sqlite3
@@ -16,7 +17,7 @@ from soakd.record.read import read_record
 from soakd.report.document import ReportDoc
 from soakd.report.html import render_html
 from soakd.report.markdown import render_markdown
-from tests.conftest import wait_for
+from tests.conftest import REPO, wait_for
 from tests.report_runs import Run, runs, soakd
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
@@ -200,3 +201,16 @@ def test_report_on_a_running_soak(daemon_factory, tmp_path: Path) -> None:  # ty
     assert "still running" in page
     assert page.count("<svg") >= 3
     assert d.stop() == 0
+
+
+@pytest.mark.parametrize("points", [1, 2, 3])
+def test_a_memory_series_too_short_to_show_a_course_is_said_not_drawn(points: int) -> None:
+    """A series sampled once or twice would plot as a dot or as nothing: the report says so and
+    leaves the figures to the table; from three samples on it draws the series."""
+    record = read_record(json.loads((REPO / "tests/fixtures/records/summary-0429580-replay.json").read_text()))
+    t = 1.7e9 + np.arange(points, dtype=np.float64) * 5.0
+    page = render_html(ReportDoc(record=record, samples={"host_rss": (t, np.full(points, 4e8))}))
+    memory = page[page.index("<h2>Memory</h2>") :]
+    drawn = "<figcaption>host_rss:" in memory
+    assert drawn == (points >= 3), memory[:400]
+    assert (f"host_rss: {points} point" in memory) == (points < 3)

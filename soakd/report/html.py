@@ -50,6 +50,17 @@ def figure(svg: str, caption: str) -> str:
     return f"<figure>{svg}<figcaption>{esc(caption)}</figcaption></figure>"
 
 
+# A line over time needs a few points to show a course; with fewer (a short run's one window, a
+# memory series sampled twice) the plot is a dot or nothing, and the tables carry the figures.
+MIN_POINTS_OVER_TIME = 3
+
+
+def too_few(what: str, n: int) -> str:
+    return (
+        f"<p>{esc(what)}: {n} point{'' if n == 1 else 's'}, too few to draw over time (the table has the figures).</p>"
+    )
+
+
 def _verdict(doc: ReportDoc) -> str:
     data = doc.record
     cls = sections.verdict_class(data)
@@ -79,7 +90,7 @@ def _load(doc: ReportDoc) -> str:
     data = doc.record
     rows = data.rows
     out = ["<h2>Throughput and latency over time</h2>"]
-    if rows:
+    if len(rows) >= MIN_POINTS_OVER_TIME:
         out.append(figure(plots.throughput_plot(rows), "Throughput per window (ok requests/s)"))
         out.append(
             figure(
@@ -89,7 +100,7 @@ def _load(doc: ReportDoc) -> str:
             )
         )
     else:
-        out.append("<p>No windows recorded.</p>")
+        out.append(too_few("Windows", len(rows)) if rows else "<p>No windows recorded.</p>")
     out.append("<h2>Latency percentiles (ms)</h2>")
     out.append(table(["stage", *sections.QUANTILE_COLUMNS], sections.latency_rows(data), numeric_from=1))
     if doc.hists:
@@ -150,7 +161,9 @@ def _memory(doc: ReportDoc) -> str:
     )
     t0 = doc.t0
     for name, (t, v) in doc.samples.items():
-        if t.size:
+        if 0 < t.size < MIN_POINTS_OVER_TIME:
+            out.append(too_few(name, int(t.size)))
+        elif t.size:
             found = data.series.get(name)
             verdict = found.verdict if found is not None and isinstance(found.verdict, str) else ""
             out.append(
