@@ -208,10 +208,24 @@ def test_the_request_log_stops_at_its_size_limit_and_reads_back_as_a_trace(tmp_p
     path = tmp_path / "requests.jsonl"
     rec = RequestRecorder(str(path), 4096, api="openai")
     rec.origin = 100.0
-    rec.add([Request(100.0 + i / 1000, 0.0, None, Prompt("x", None, 10 + i, 3)) for i in range(500)], "ok")
+    rec.add([Request(100.0 + i / 1000, 0.0, None, Prompt("x", None, 10 + i, 3)) for i in range(500)], "ok", 100.6)
     out = rec.close()
     assert path.stat().st_size <= 4096 and out["stopped_at_limit"]
     assert out["requests"] + out["lost"] == 500 and out["requests"] > 10
     rows, _ = rows_of(str(path))
     assert [(r.t, r.input_tokens, r.output_tokens) for r in rows[:2]] == [(0.0, 10, 3), (0.001, 11, 3)]
     assert len(rows) == out["requests"]
+
+
+def test_the_request_log_keeps_the_latency_of_answered_requests_only(tmp_path: Path) -> None:
+    """Each answered request's e2e latency from its intended time (what the e2e histogram counts);
+    an error, which fails fast and is kept out of the histograms, has none."""
+    path = tmp_path / "requests.jsonl"
+    rec = RequestRecorder(str(path), 1 << 20, api="openai")
+    rec.origin = 100.0
+    sent = [Request(100.0 + i / 10, 0.0, None, Prompt("x", None, 10, 3)) for i in range(3)]
+    rec.add(sent[:2], "ok", 100.25)
+    rec.add(sent[2:], "error", 100.3)
+    rec.close()
+    logged = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    assert [(r["outcome"], r.get("e2e_ms")) for r in logged] == [("ok", 250.0), ("ok", 150.0), ("error", None)]

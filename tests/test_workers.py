@@ -5,6 +5,7 @@ workers', a worker killed with SIGKILL started again and named, SIGTERM draining
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -94,14 +95,14 @@ def target() -> Iterator[str]:
     proc.wait()
 
 
-def start(url: str, tmp_path: Path, duration: str, port: int) -> subprocess.Popen[str]:
+def start(url: str, tmp_path: Path, duration: str, port: int, *extra: str) -> subprocess.Popen[str]:
     bodies = tmp_path / "bodies"
     bodies.mkdir(exist_ok=True)
     (bodies / "a.json").write_text('{"x": 1}')
     args = [
         "--target", url + "/ok", "--api", "http", "--samples", str(bodies), "--warmup", "2", "--rate", "100",
         "--workers", "2", "--duration", duration, "--state-dir", str(tmp_path / "state"),
-        "--summary-json", str(tmp_path / "summary.json"), "--metrics-addr", f"127.0.0.1:{port}",
+        "--summary-json", str(tmp_path / "summary.json"), "--metrics-addr", f"127.0.0.1:{port}", *extra,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = soakd_cmd("run", *args)
@@ -129,7 +130,7 @@ def ok_total(port: int) -> float:
 @pytest.mark.timing  # the merged throughput is held to the offered 100 req/s within 30% of wall-clock figures
 def test_two_workers_one_merged_metrics_page_and_summary(target: str, tmp_path: Path) -> None:
     port = free_port()
-    proc = start(target, tmp_path, "6s", port)
+    proc = start(target, tmp_path, "6s", port, "--record-requests", str(tmp_path / "requests.jsonl"))
     try:
         wait_for(lambda: ok_total(port) > 50, 120, what="the workers to send")
         page = scrape(port)
@@ -153,6 +154,20 @@ def test_two_workers_one_merged_metrics_page_and_summary(target: str, tmp_path: 
     assert summary["merge"]["complete"] and [s["shard"]["index"] for s in summary["shards"]] == [0, 1]
     assert all(abs(s["share"] - 0.5) < 0.15 for s in summary["shards"])
     assert summary["throughput_rps"] == pytest.approx(100, rel=0.3)
+    # Each worker logs its own requests; the merged p99 is the p99 of every raw latency they logged,
+    # within the histogram's bucket (2% wide, reported at its middle): merged, not averaged.
+    assert not (tmp_path / "requests.jsonl").exists()
+    raw: list[float] = []
+    for i, part in enumerate(parts):
+        lines = (tmp_path / f"requests.worker-{i}.jsonl").read_text().splitlines()[1:]
+        rows = [json.loads(line) for line in lines]
+        assert sum(r["outcome"] == "ok" for r in rows) == part["requests"]["ok"], i
+        raw += [r["e2e_ms"] for r in rows if "e2e_ms" in r]
+    assert len(raw) == summary["latency_ms"]["e2e"]["count"]
+    raw.sort()
+    for q in ("p50", "p99"):
+        exact = raw[math.ceil(float(q[1:]) / 100 * len(raw)) - 1]
+        assert summary["latency_ms"]["e2e"][q] / exact == pytest.approx(1.0, abs=0.021), (q, exact)
 
 
 def test_a_killed_worker_is_restarted_and_sigterm_drains_them_all(target: str, tmp_path: Path) -> None:

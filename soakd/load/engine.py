@@ -332,7 +332,7 @@ class Engine:
         if self.batch_hook is not None:
             self.batch_hook(n, t_dispatch, t_end, outcome)
         if self.recorder is not None:
-            self.recorder.add(batch, outcome)
+            self.recorder.add(batch, outcome, t_end if t_done is None else t_done)
         self._count(outcome, n)
         self.last_completion = t_end if t_done is None else t_done
         self.last_progress = time.monotonic()

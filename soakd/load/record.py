@@ -3,8 +3,10 @@
 The first line names the format (``{"soakd_request_log": 1, ...}``); then one line per finished
 request: ``t`` (its intended send time, seconds from the soak's start), its size (``in``: input
 tokens or sequence length, ``out``: max_tokens, ``shape``: the tensor's shape, ``bytes``: a
-body's length) and its ``outcome``. Lines go in completion order; the reader sorts them
-(:data:`soakd.workload.traces.SOAKD_SORT_WINDOW`).
+body's length), its ``outcome`` and, for a request that got an answer (ok or timeout), ``e2e_ms``:
+its latency from the intended send time, the value the e2e histogram counted (so percentiles of
+the raw log can be checked against the histograms'). Lines go in completion order; the reader
+sorts them (:data:`soakd.workload.traces.SOAKD_SORT_WINDOW`).
 
 Off the request path: completing threads append one small tuple each to a bounded deque (no
 formatting, no I/O); the ``soakd-record`` thread formats and writes. A writer that falls behind
@@ -33,6 +35,7 @@ log = logging.getLogger("soakd")
 QUEUE_MAX = 65536  # records waiting for the writer; past it they are lost (counted)
 WRITE_INTERVAL = 0.2  # seconds between the writer's rounds
 
+ANSWERED = ("ok", "timeout")  # outcomes whose latency the histograms count (errors fail fast)
 Size = tuple[int | None, int | None, tuple[int, ...] | None, int | None]  # in, out, shape, bytes
 
 
@@ -65,19 +68,20 @@ class RequestRecorder:
         self.written = 0
         self.lost = 0
         self.full = False  # the size limit was reached: nothing more is written
-        self._queue: deque[tuple[float, Size, str]] = deque()
+        self._queue: deque[tuple[float, Size, str, float]] = deque()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="soakd-record", daemon=True)
         self._thread.start()
 
-    def add(self, batch: Sequence[Request], outcome: str) -> None:
-        """On the request path: one append per request (deque.append is atomic), nothing else."""
+    def add(self, batch: Sequence[Request], outcome: str, done: float) -> None:
+        """On the request path: one append per request (deque.append is atomic), nothing else.
+        ``done``: when the batch completed (the engine's clock), for the latency."""
         if self.full or len(self._queue) >= QUEUE_MAX:
             self.lost += len(batch)
             return
         append = self._queue.append
         for r in batch:
-            append((r.intended, size_of(r.tensor), outcome))
+            append((r.intended, size_of(r.tensor), outcome, done))
 
     def _run(self) -> None:
         while not self._stop.wait(WRITE_INTERVAL):
@@ -88,13 +92,15 @@ class RequestRecorder:
         q, lines = self._queue, list[str]()
         size = self.bytes
         while q and not self.full:
-            intended, (n_in, n_out, shape, n_bytes), outcome = q.popleft()
+            intended, (n_in, n_out, shape, n_bytes), outcome, done = q.popleft()
             row: dict[str, Any] = {"t": round(intended - self.origin, 6), "in": n_in, "out": n_out}
             if shape is not None:
                 row["shape"] = list(shape)
             if n_bytes is not None:
                 row["bytes"] = n_bytes
             row["outcome"] = outcome
+            if outcome in ANSWERED:
+                row["e2e_ms"] = round((done - intended) * 1e3, 4)
             line = json.dumps(row, separators=(",", ":")) + "\n"
             if size + len(line) > self.max_bytes:
                 self.full = True

@@ -59,8 +59,17 @@ OWN_KEYS = frozenset(
         "metrics.addr",
         "output.summary_json",
         "output.log_file",
+        "output.record_requests",
     }
 )
+
+
+def worker_record_path(path: str, index: int) -> str:
+    """Worker ``index``'s own request log beside the one asked for (``requests.jsonl`` ->
+    ``requests.worker-0.jsonl``): N processes must not write one file, and each log, replayed or
+    read alone, is that worker's share in its own time order."""
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.worker-{index}{p.suffix}"))
 
 
 @dataclass
@@ -122,6 +131,8 @@ def run_workers(
         own += ["--summary-json", str(wdir / "summary.json")]
         if cfg.output.log_file:  # each its own: N processes must not write one file
             own += ["--log-file", str(wdir / "soakd.log")]
+        if cfg.output.record_requests:
+            own += ["--record-requests", worker_record_path(cfg.output.record_requests, i)]
         workers.append(Worker(i, wdir, port, [*base, *own]))
     merged = MergedMetrics(n)
     registry = CollectorRegistry()
@@ -131,6 +142,9 @@ def run_workers(
     )
     server.start()
     log.info("serving the merged metrics of %d workers on http://%s/metrics", n, server.address)
+    if cfg.output.record_requests:
+        logs = ", ".join(worker_record_path(cfg.output.record_requests, i) for i in range(n))
+        log.info("output.record_requests: each worker writes its own request log: %s", logs)
     stop = StopFlag()
     restore = stop.install()
     try:
