@@ -144,6 +144,8 @@ def test_a_short_soak_report_has_points_to_plot(tmp_path: Path) -> None:
             "run",
             "--model",
             "builtin:noop",
+            "--rate",  # open loop: a closed loop on a model that does nothing spins a core for the 12 s
+            "50",
             "--duration",
             "12s",
             "--metrics-addr",
