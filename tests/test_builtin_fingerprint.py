@@ -27,8 +27,8 @@ def _runs(tmp_path: Path, *models: str) -> list[dict[str, Any]]:
             "1s",
             "--warmup",
             "2",
-            "--concurrency",
-            "2",
+            "--rate",  # the fingerprint does not depend on the load: a light one spares the parallel tier
+            "5",
             "--metrics-addr",
             "127.0.0.1:0",
             "--state-dir",
