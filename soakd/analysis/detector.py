@@ -26,10 +26,7 @@ At every look (every evaluation of the live monitor, every step of a replay):
     epoch's L / d independent looks at a span of d seconds: a Bonferroni bound over a
     countable set of looks, so a week-long soak is as safe as a day;
   * a flagged span must also grow at least at the series' floor (bytes/hour) and must not be
-    settling: a leak's rate does not decay, so a span whose rate is significantly below the
-    rate of the span of equal length before it (the troughs reaching back into warm-up), or
-    below its own older half, is growth levelling off (an exponential warm-up, a log-like
-    arena or caching allocator), reported as "settling", not a leak.
+    settling (:func:`soakd.analysis.settling.unsteady`): a leak's rate does not decay.
   * a staircase (three or more level shifts up within the window, none given back, still
     coming, not at ever longer gaps as an allocator settling steps) is a leak too when its
     trend stands out from the noise without the shifts: taking out the largest shift hides
@@ -50,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from soakd.analysis.settling import unsteady
 from soakd.analysis.trend import (
     Array,
     bin_minima,
@@ -73,7 +71,6 @@ DEFAULT_WINDOW = 6 * 3600.0
 ACCELERATED_BELOW = 1800.0  # a window shorter than this is an accelerated run
 Z90 = 1.2815515655446004  # a leak at (threshold + Z90) standard errors is flagged 90% of the time
 HOLD_Z = 2.0
-SETTLE_Z = 2.0  # a rate this many standard errors below the one before it is settling, not a leak
 WARMUP_SEARCH = 2 * 3600.0  # the data-found end of warm-up is looked for this long past the floor
 KNEE_POINTS = 60  # the knee search runs on at most this many points
 SPAN_PER_TROUGH = 2.0  # the shortest span judged, in trough spans
@@ -439,37 +436,9 @@ class Grid:
             positive, why = False, f"not judged yet: swings of {swing / MIB:.3g} MiB seen in {_dur(full.size * p.bin)}"
         if positive and slope < floor:
             positive, why = False, f"slope {slope / MIB:.2f} MiB/h below the floor {floor / MIB:.2f} MiB/h"
-        if positive and n >= 10:
-            # A leak rises at one pace: each half of the span must rise at the span's rate, at
-            # the noise. Settling (the newer half slower) fails it, and so does a level shift
-            # that a short span reads as a steep trend (one half flat, or both flat around a jump).
-            half = n // 2
-            old, new = ols_slope(yd[:half]) * per_hour, ols_slope(yd[half:]) * per_hour
-            se_half = math.sqrt(max(0.0, 2 * slope_variance(noise, half))) * per_hour
-            if old - new > SETTLE_Z * se_half:
-                positive, why = False, f"settling: growth is slowing ({old / MIB:.3g} then {new / MIB:.3g} MiB/h)"
-            elif max(abs(old - slope), abs(new - slope)) > SETTLE_Z * se_half:
-                positive, why = False, f"not a steady rise ({old / MIB:.3g} then {new / MIB:.3g} MiB/h): a step"
-        if positive and history.size >= 2 * n:
-            # Settling over the whole judged history: everything before the span rose
-            # significantly faster (a log-like arena or caching allocator whose rate keeps
-            # decaying: each span rises only a little slower than the one before it).
-            early = history[:-n]
-            prev = ols_slope(early) * per_hour
-            se_prev = math.sqrt(max(0.0, slope_variance(noise, min(early.size, noise.size)))) * per_hour
-            if prev - slope > SETTLE_Z * math.hypot(se, se_prev):
-                positive, why = False, f"settling: growth is slowing ({prev / MIB:.3g} then {slope / MIB:.3g} MiB/h)"
         if positive:
-            # Settling, across spans: the span of equal length just before rose significantly
-            # faster (the trough envelope here reaches into the warm-up on purpose). A leak's
-            # rate does not decay; a warm-up's or a settling allocator's does.
-            before = full[max(0, full.size - 2 * n) : full.size - n]
-            before = before[np.isfinite(before)]
-            if before.size >= max(5, n // 2):
-                prev = ols_slope(before) * per_hour
-                if prev - slope > SETTLE_Z * math.sqrt(2.0) * se:
-                    why = f"settling: growth is slowing ({prev / MIB:.3g} then {slope / MIB:.3g} MiB/h)"
-                    positive = False
+            why = unsteady(yd, history, noise, full, slope, se, per_hour)
+            positive = not why
         holds = z >= HOLD_Z and slope >= 0.5 * floor
         return _Span(n, slope, se, p_adj, positive, holds, detectable, why)
 
