@@ -106,6 +106,21 @@ def test_a_staircase_is_a_leak_an_allocator_settling_or_a_level_given_back_is_no
     back = replay(t, base + steps([60, 150, 260]) - 30 * MIB * (t >= 200 * 60.0), PARAMS, FLOOR)
     assert back.first_suspected_at is None, back.final.reason
 
+    # Three 4 MiB chunks over 3 h (an arena's rare chunks, 4 MiB/h on their face) are not a
+    # leak's rate: three Poisson steps are consistent with 1.1, i.e. under the 2 MiB/h floor.
+    chunks = replay(t, base + sum(4 * MIB * (t >= m * 60.0) for m in (150, 220, 270)), PARAMS, FLOOR)
+    assert chunks.first_suspected_at is None, chunks.final.reason
+
+
+def test_steps_lower_is_the_poisson_chi_square_bound() -> None:
+    from scipy.stats import chi2
+
+    from soakd.analysis.settling import steps_lower
+
+    for k in (3, 5, 10, 40):
+        exact = chi2.ppf(0.1, 2 * k) / 2  # P(count >= k | mean) = 0.1 at this mean
+        assert steps_lower(k, 1.2815515655446004) == pytest.approx(exact, rel=0.01)
+
 
 def test_detectable_slope_shrinks_with_data_and_grows_with_wander() -> None:
     """The smallest leak the data could show: lower after 6 h than after 1 h, and higher

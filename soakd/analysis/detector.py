@@ -29,7 +29,8 @@ At every look (every evaluation of the live monitor, every step of a replay):
     settling (:func:`soakd.analysis.settling.unsteady`): a leak's rate does not decay.
   * a staircase (three or more level shifts up within the window, none given back, still
     coming, not at ever longer gaps as an allocator settling steps) is a leak too when its
-    trend stands out from the noise without the shifts: taking out the largest shift hides
+    trend stands out from the noise without the shifts and its rate, scaled by the step
+    count's 90% Poisson lower bound, reaches the floor: taking out the largest shift hides
     it from the span tests, whose noise holds the other shifts.
 The verdict flips on the first flagged look; it clears after its signs (some span rising at
 z >= 2 and half the floor) have been gone for ``persistence`` seconds.
@@ -47,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from soakd.analysis.settling import unsteady
+from soakd.analysis.settling import steps_lower, unsteady
 from soakd.analysis.trend import (
     Array,
     bin_minima,
@@ -397,7 +398,10 @@ class Grid:
         pv = upper_tail(z) if math.isfinite(z) else 0.0
         p_adj = min(1.0, pv / alpha_n * p.alpha)
         coming = y.size - at[-1] <= STAIR_OPEN * float(np.max(gaps))
-        positive = coming and slope >= floor and pv < alpha_n
+        # The floor is judged on the step count's 90% lower bound: the steps' trend over the
+        # noise without them is always significant, but their rate is only as sure as their count.
+        rate = slope * steps_lower(len(ups), Z90) / len(ups)
+        positive = coming and rate >= floor and pv < alpha_n
         holds = coming and slope >= 0.5 * floor and z >= HOLD_Z
         if not (positive or holds):
             return None
