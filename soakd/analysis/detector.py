@@ -428,7 +428,11 @@ class Grid:
         pv = upper_tail(z) if math.isfinite(z) else 0.0
         p_adj = min(1.0, pv / alpha_n * p.alpha)
         unseen = history.size * p.bin < SEEN * p.window
-        bar = max((FAR if unseen else 1.0) * zstar * se, SWING_RISE * swing * per_hour / n if unseen else 0.0, floor)
+        bar = max(
+            (FAR if unseen else 1.0) * zstar * se,
+            SWING_RISE * swing * per_hour / n if unseen else 0.0,
+            floor + Z90 * se,
+        )
         detectable = bar + Z90 * se  # with the early looks' bars: "no leak above" covers what they hold back
         why = ""
         positive = pv < alpha_n
@@ -438,8 +442,14 @@ class Grid:
         if positive and unseen and slope * n / per_hour < SWING_RISE * swing:
             # Bounded swings rise at most by their range (the largest fall seen since the start).
             positive, why = False, f"not judged yet: swings of {swing / MIB:.3g} MiB seen in {_dur(full.size * p.bin)}"
-        if positive and slope < floor:
-            positive, why = False, f"slope {slope / MIB:.2f} MiB/h below the floor {floor / MIB:.2f} MiB/h"
+        if positive and slope - Z90 * se < floor:
+            # The floor is judged on the rate's 90% lower bound, as the page's consequence is:
+            # a rise just over the threshold is as likely slower than it reads as faster.
+            low = (slope - Z90 * se) / MIB
+            positive, why = (
+                False,
+                f"slope {slope / MIB:.2f} MiB/h ({low:.2f} at 90%) below the floor {floor / MIB:.2f} MiB/h",
+            )
         if positive:
             why = unsteady(yd, history, noise, full, slope, se, per_hour)
             positive = not why
