@@ -149,26 +149,41 @@ MB = 48  # above glibc's largest mmap threshold (32 MiB): a fresh block is mappe
 
 
 class Churner(torch.nn.Module):
-    def __init__(self, fresh_after: int) -> None:
+    def __init__(self, fresh_after: int, hold: int) -> None:
         super().__init__()
         self.fresh_after = fresh_after  # calls before it starts taking a fresh block (-1: never)
+        self.hold = hold  # fresh blocks it keeps, then reuses (0: it gives each back)
+        self.held: list[torch.Tensor] = []
         self.calls = 0
         self.kept = torch.empty(MB << 18)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         fresh = 0 <= self.fresh_after < self.calls
-        work = torch.empty(MB << 18) if fresh else self.kept
+        if fresh and len(self.held) < self.hold:  # memory that grows to a working set and stays
+            self.held.append(torch.empty(MB << 18))
+            work = self.held[-1]
+        elif fresh and not self.hold:
+            work = torch.empty(MB << 18)
+        else:
+            work = self.held[-1] if self.held else self.kept
         work.fill_(1.0)
         return x.sum(dim=1) + work[:1]
 
 
-def make(fresh_after: int) -> Churner:
-    return Churner(fresh_after)
+def make(fresh_after: int, hold: int) -> Churner:
+    return Churner(fresh_after, hold)
 """
 
-# Warm-up makes 5 calls and the probe at most 5 more: past 12, only the soak's calls fault.
-CHURN = {"fresh 48 MB a call": 0, "one buffer kept": -1, "fresh in the soak only": 12}
+# (fresh_after, hold). Warm-up makes 5 calls and the probe at most 5 more: past 12, only the
+# soak's calls fault. The last holds the 12 blocks it takes in the soak (576 MB), as a heap
+# growing to its working set does: faults paid once, not every call.
+CHURN = {
+    "fresh 48 MB a call": (0, 0),
+    "one buffer kept": (-1, 0),
+    "fresh in the soak only": (12, 0),
+    "fresh in the soak, kept": (12, 12),
+}
 
 
 @pytest.mark.parametrize("case", list(CHURN))
@@ -177,7 +192,8 @@ def test_a_model_bound_by_page_faults_is_named_in_a_warning(tmp_path: Path, case
     pace: the offline probe counts the faults and says so (issue #13: the convnet at batch 1 on
     glibc's defaults); the same model keeping its buffer is not warned about. A model that
     faults only once the soak runs (the convnet's faults depend on its heap's history) is named
-    too, with the probe's figure beside the soak's."""
+    too, with the probe's figure beside the soak's. A model whose fresh blocks are kept (a heap
+    growing to its working set on a short run's first calls) pays its faults once: not warned."""
     (tmp_path / "churner.py").write_text(CHURNER)
     cfg = tmp_path / "soak.toml"
     cfg.write_text(
@@ -187,7 +203,8 @@ def test_a_model_bound_by_page_faults_is_named_in_a_warning(tmp_path: Path, case
         device = "cpu"
         warmup = 5
         [model.options]
-        fresh_after = {CHURN[case]}
+        fresh_after = {CHURN[case][0]}
+        hold = {CHURN[case][1]}
         [input]
         shapes = "4"
         [load]
@@ -206,7 +223,7 @@ def test_a_model_bound_by_page_faults_is_named_in_a_warning(tmp_path: Path, case
     off = json.loads(summary.read_text())["model_offline"]
     every_page = 0.9 * (48 << 20) / 4096  # every page of the 48 MB, every call
     if case == "fresh 48 MB a call":
-        assert off["page_faults_per_call"] > every_page
+        assert off["page_faults_per_call"] > every_page and off["churn_faults_per_call"] > every_page
         assert off["kernel_time_ratio"] > 0.2
         assert "the model page-faults" in res.stderr and "set by the memory allocator" in res.stderr
         assert res.stderr.count("page-faults") == 1, "said by the probe, not again by the soak"
@@ -218,12 +235,16 @@ def test_a_model_bound_by_page_faults_is_named_in_a_warning(tmp_path: Path, case
     if case == "one buffer kept":
         assert off["soak_page_faults_per_call"] < 100
         assert "page-faults" not in res.stderr
+    elif case == "fresh in the soak, kept":
+        assert off["soak_page_faults_per_call"] * 4096 > (1 << 20), off  # above the warning's bound
+        assert off["soak_churn_faults_per_call"] < 100, off  # but every faulted page was kept
+        assert "page-faults" not in res.stderr and "allocator_warning" not in off
     else:
         # Soaking from call 12 on, the soak's first calls (those the probe left short of 12) still
         # reuse the buffer: on a loaded host a 1 s soak makes few enough calls that they count
         # (10,402 of 12,288 pages a call, seen). Half of every page still parts it from < 100.
         floor = every_page if case == "fresh 48 MB a call" else 0.5 * every_page
-        assert off["soak_page_faults_per_call"] > floor
+        assert off["soak_page_faults_per_call"] > floor and off["soak_churn_faults_per_call"] > floor
         assert off["soak_kernel_time_ratio"] > 0.2
     if case == "fresh in the soak only":
         warning = next(line for line in res.stderr.splitlines() if "page-faults" in line)
@@ -249,5 +270,8 @@ def test_the_demo_runs_calm_and_says_its_allocator_in_one_line(tmp_path: Path) -
     assert len(said) == 1 and "MALLOC_ARENA_MAX=1" in said[0] and "docs/model-threads.md" in said[0], res.stderr
     assert "page-faults" not in res.stderr
     off = json.loads(summary.read_text())["model_offline"]
-    assert off["page_faults_per_call"] * 4096 < (1 << 20), off  # under the warning's bound, measured
+    # Under the warning's bound, measured: the faults its pages are given back for (its heap's
+    # growth on the first calls at each batch size is paid once; 137 MB in a 1 s soak, seen).
+    assert off["churn_faults_per_call"] * 4096 < (1 << 20), off
+    assert off["soak_churn_faults_per_call"] * 4096 < (1 << 20), off
     assert "allocator_warning" not in off

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 import soakd
-from soakd.allocator import CpuFaults, demo_allocator, fault_warning
+from soakd.allocator import CpuFaults, FaultRates, demo_allocator, fault_warning
 from soakd.analysis.monitor import LeakMonitor, monitor_for_run
 from soakd.config import Config
 from soakd.endpoints import EndpointServer
@@ -178,9 +178,9 @@ class RunSession:
         if self.stop.event.is_set():
             return self._stopped_early(life, "the offline probe")
         self.offline_rps = offline["rps"] if offline and offline["rps"] > 0 else None
-        if offline is not None and "page_faults_per_call" in offline:
-            probe_faults = self._probe_faults = offline["page_faults_per_call"]
-            self._faults_warned = fault_warning(probe_faults, offline["kernel_time_ratio"]) is not None
+        if offline is not None and "churn_faults_per_call" in offline:
+            self._probe_faults = offline["churn_faults_per_call"]
+            self._faults_warned = "allocator_warning" in offline
         self.cfg, self.shard = wait_for_start(self.cfg, self.stop.event)  # --shard/--start-at: clock, start
         if self.stop.event.is_set():
             return self._stopped_early(life, "the wait for --start-at")
@@ -232,11 +232,12 @@ class RunSession:
             offline["achieved_ratio"] = (
                 round(stats.completed.get("ok", 0) / stats.elapsed / offline["rps"], 4) if offline["rps"] > 0 else None
             )
-            faults, kernel = self._notice_faults(soak_start, (stats, CpuFaults.now()))
-            offline["soak_page_faults_per_call"] = round(faults, 1)
+            rates = self._notice_faults(soak_start, (stats, CpuFaults.now()))
+            offline["soak_page_faults_per_call"] = round(rates.faults, 1)
+            offline["soak_churn_faults_per_call"] = round(rates.churn, 1)
             if self._fault_warning is not None:
                 offline.setdefault("allocator_warning", self._fault_warning)
-            offline["soak_kernel_time_ratio"] = round(kernel, 4)
+            offline["soak_kernel_time_ratio"] = round(rates.kernel_share, 4)
         verdicts = self.leak.verdicts() if self.leak is not None else {}
         summary = build_summary(
             cfg,
@@ -338,21 +339,21 @@ class RunSession:
                 100 * ratio,
             )
 
-    def _notice_faults(self, a: tuple[EngineStats, CpuFaults], b: tuple[EngineStats, CpuFaults]) -> tuple[float, float]:
+    def _notice_faults(self, a: tuple[EngineStats, CpuFaults], b: tuple[EngineStats, CpuFaults]) -> FaultRates:
         """Page faults per model batch and the kernel's share of CPU time between two moments of
         the soak, warned about once when the allocator sets the pace. The probe may not have seen
         it: glibc's dynamic mmap threshold makes a model's faults depend on the order its blocks
         were freed (docs/model-threads.md, section 3), so the same model can fault in the soak
         and not alone."""
-        faults, kernel = a[1].per_call(b[1], b[0].batches - a[0].batches)
-        warning = fault_warning(faults, kernel) if b[0].batches > a[0].batches else None
+        rates = a[1].per_call(b[1], b[0].batches - a[0].batches)
+        warning = fault_warning(rates) if b[0].batches > a[0].batches else None
         if warning is not None and not self._faults_warned:
             self._faults_warned = True
             probe = self._probe_faults
             alone = "" if probe is None else f" (alone, in the offline probe: {probe:.0f} faults a call)"
             self._fault_warning = f"during the soak{alone}, {warning}"
             log.warning("%s", self._fault_warning)
-        return faults, kernel
+        return rates
 
     def _notice_overload(self, win: Delta, stats: EngineStats) -> None:
         """Open loop: a queue that keeps growing means offered load exceeds what the model

@@ -122,10 +122,11 @@ def probe_offline(
         "seconds": seconds,
         "instances": target.workers,
     }
-    if probe.page_faults_per_call is not None and probe.kernel_share is not None:
-        out["page_faults_per_call"] = round(probe.page_faults_per_call, 1)
-        out["kernel_time_ratio"] = round(probe.kernel_share, 4)
-        warning = fault_warning(probe.page_faults_per_call, probe.kernel_share)
+    if probe.faults is not None:
+        out["page_faults_per_call"] = round(probe.faults.faults, 1)
+        out["churn_faults_per_call"] = round(probe.faults.churn, 1)
+        out["kernel_time_ratio"] = round(probe.faults.kernel_share, 4)
+        warning = fault_warning(probe.faults)
         if warning is not None:
             log.warning("%s", warning)
             out["allocator_warning"] = warning

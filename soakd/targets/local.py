@@ -11,7 +11,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
-from soakd.allocator import CpuFaults
+from soakd.allocator import CpuFaults, FaultRates
 from soakd.errors import ModelLoadError
 from soakd.targets.base import WarmupResult
 from soakd.targets.staging import StagingBuffers
@@ -32,8 +32,7 @@ class OfflineProbe:
     """The model alone, as ``measure_offline`` timed it on the model threads."""
 
     rps: float  # requests per second over all instances (0 when a call failed)
-    page_faults_per_call: float | None  # the process's minor faults per call (None: no call succeeded)
-    kernel_share: float | None  # the share of its CPU time spent in the kernel
+    faults: FaultRates | None  # the process's page faults per call (None: no call succeeded)
 
 
 class LocalModelTarget:
@@ -200,8 +199,8 @@ class LocalModelTarget:
         after = CpuFaults.now()
         rps, calls = float(sum(r[0] for r in results)), sum(r[1] for r in results)
         if calls == 0 or rps == 0:
-            return OfflineProbe(rps, None, None)
-        return OfflineProbe(rps, *before.per_call(after, calls))
+            return OfflineProbe(rps, None)
+        return OfflineProbe(rps, before.per_call(after, calls))
 
 
 def _in_inference_mode(job: Callable[[int], T]) -> Callable[[int], T]:
