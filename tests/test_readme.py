@@ -282,10 +282,16 @@ class Page:
     compose_files: list[str] = field(default_factory=list)
 
 
+# Made by `make test` (and bench/gpu_wheels.sh), ignored by git: linked into each page's copy,
+# not copied (.venv-servers alone is 1.6 GB: copying it for each of 15 pages was most of this
+# module's time, 54 s of a block's 70).
+LINKED = (".venv", ".venv-servers", ".venv-locust", ".whl")
+
+
 def copy_repo(dest: Path) -> Path:
     ignore = shutil.ignore_patterns(
+        *LINKED,
         ".git",
-        ".venv",
         "__pycache__",
         "*.egg-info",
         ".mypy_cache",
@@ -294,10 +300,13 @@ def copy_repo(dest: Path) -> Path:
         "soakd-state",
         "state",
         "soakd-summary.json",
+        "build",
+        "dist",
     )
     shutil.copytree(REPO, dest, ignore=ignore, symlinks=True)
-    if (REPO / ".venv").exists():
-        (dest / ".venv").symlink_to(REPO / ".venv", target_is_directory=True)
+    for name in LINKED:
+        if (REPO / name).exists():
+            (dest / name).symlink_to(REPO / name, target_is_directory=True)
     return dest
 
 
