@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--config", metavar="FILE", help="leak settings from a config file")
     analyze.add_argument("--leak-warmup", dest="leak.warmup", metavar="DUR", help=_flag_help("leak.warmup"))
     analyze.add_argument("--leak-window", dest="leak.window", metavar="DUR", help=_flag_help("leak.window"))
+    analyze.add_argument("--cycle", dest="leak.cycle", metavar="DUR", help=_flag_help("leak.cycle"))
     analyze.add_argument("files", metavar="FILE", nargs="+")
 
     # ---- report / compare (issue: reports and gates)

@@ -67,6 +67,7 @@ class Trace:
     v: Array
     leak_start: float | None
     leak_rate: float  # bytes/hour (the steps' mean rate for leak_steps)
+    cycle_seconds: float | None = None  # the load schedule's period (cycle, leak_cycle): a run would know it
 
 
 def _stream(shape: str, seed: int, part: str, replica: int | None = None) -> np.random.Generator:
@@ -115,8 +116,12 @@ def _sawtooth(rng: np.random.Generator, t: Array, amp: float, period: float) -> 
     return out
 
 
+def _cycle_period(p: np.random.Generator) -> float:
+    return float(p.uniform(4, 8) * H)
+
+
 def _cycle(p: np.random.Generator, t: Array) -> Array:
-    period = p.uniform(4, 8) * H
+    period = _cycle_period(p)
     amp = p.uniform(20, 80) * MIB
     up, high = p.uniform(0.1, 0.3), p.uniform(0.2, 0.5)
     phase = (t / period + p.uniform()) % 1.0
@@ -192,6 +197,17 @@ def _leak(shape: str, seed: int, t: Array) -> tuple[Array, float | None, float]:
     return rate * np.clip(t - start, 0, None) / H, start, rate
 
 
+def cycle_period(shape: str, seed: int) -> float | None:
+    """The period of (shape, seed)'s load cycle (None: no cycle): what a run with that phase
+    schedule knows. The parameter stream's draws before :func:`_cycle`'s, as :func:`_noise` makes them."""
+    if shape.removeprefix("leak_") != "cycle":
+        return None
+    p = _stream(shape, seed, "params")
+    _loguniform(p, 300, 3000)  # base
+    p.uniform(0.1, 0.8)  # white jitter
+    return _cycle_period(p)
+
+
 def times(duration: float, interval: float = 10.0) -> Array:
     return np.arange(0.0, duration, interval)
 
@@ -217,4 +233,4 @@ def generate(shape: str, seed: int, *, duration: float = 6 * H, interval: float 
     t = times(duration, interval)
     leak, start, rate = _leak(shape, seed, t)
     v = pages(noise(shape, seed, None, duration=duration, interval=interval) + leak)
-    return Trace(shape, seed, shape in LEAKING, t, v, start, rate)
+    return Trace(shape, seed, shape in LEAKING, t, v, start, rate, cycle_period(shape, seed))

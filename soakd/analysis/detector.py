@@ -48,11 +48,15 @@ from typing import Any
 
 import numpy as np
 
+from soakd.analysis.cycles import FIRST, JUDGED, cycle_mean, cycle_rise, hold_reason, stage
+from soakd.analysis.judgement import Z90, Judgement
 from soakd.analysis.settling import steps_lower, unsteady
 from soakd.analysis.trend import (
     Array,
     bin_minima,
+    dur,
     forgets,
+    largest_fall,
     level_shifts,
     ols_slope,
     slope_variance,
@@ -70,7 +74,6 @@ DAY = 86400.0
 DEFAULT_FLOOR_BYTES_PER_HOUR = 2 * MIB
 DEFAULT_WINDOW = 6 * 3600.0
 ACCELERATED_BELOW = 1800.0  # a window shorter than this is an accelerated run
-Z90 = 1.2815515655446004  # a leak at (threshold + Z90) standard errors is flagged 90% of the time
 HOLD_Z = 2.0
 WARMUP_SEARCH = 2 * 3600.0  # the data-found end of warm-up is looked for this long past the floor
 KNEE_POINTS = 60  # the knee search runs on at most this many points
@@ -96,6 +99,7 @@ class DetectorParams:
     persistence: float = 1800.0  # seconds a suspected verdict's signs must be gone before it clears
     min_span: float = 900.0  # seconds: the shortest span judged
     floor_scale: float = 1.0  # the slope floor's factor: time runs this much faster (accelerated runs)
+    cycle_seconds: float | None = None  # a known load period: judged per cycle (soakd.analysis.cycles)
 
     @classmethod
     def from_config(cls, leak: Any) -> DetectorParams:
@@ -106,7 +110,7 @@ class DetectorParams:
         third of the window, points at most a thirtieth apart."""
         names = ("warmup", "window", "trough_span", "bin", "alpha", "persistence", "min_span")
         kw = {f: getattr(leak, f) for f in names if getattr(leak, f, None) is not None}
-        return cls(**kw).scaled()
+        return cls(**kw, cycle_seconds=getattr(leak, "cycle", None)).scaled()
 
     def scaled(self) -> DetectorParams:
         w = self.window
@@ -160,47 +164,6 @@ def floor_for(series: str, table: dict[str, float] | None, scale: float = 1.0) -
     return float(got) if got is not None else DEFAULT_FLOOR_BYTES_PER_HOUR * scale
 
 
-@dataclass(frozen=True)
-class Judgement:
-    positive: bool
-    slope_bytes_per_hour: float  # nan until there is enough data
-    p_value: float  # run-wide: below alpha is a leak; 1.0 until there is enough data
-    reason: str  # why it is (not) positive, for logs, events and `soakd analyze`
-    start: float = math.nan  # first time judged (after the warm-up, configured or found)
-    bins: int = 0  # trough points judged
-    last_value: float = math.nan
-    holds: bool = False  # enough to keep a verdict that is already suspected
-    detectable_bytes_per_hour: float = math.nan  # caught with 90% probability at this noise
-    judged_seconds: float = 0.0  # span of data judged
-    building: bool = False  # suspicion is building (p within 20x of alpha)
-    levelling: bool = False  # not judged: the data show warm-up lasting past its floor
-    slope_se_bytes_per_hour: float = math.nan  # the shown slope's standard error at the noise
-
-    @property
-    def slope_lower_bytes_per_hour(self) -> float:
-        """A one-sided 90% lower bound on the rate: what a page's consequence is judged on (a
-        short span's slope that just crossed the threshold is as likely too steep as not)."""
-        se = self.slope_se_bytes_per_hour
-        return self.slope_bytes_per_hour - Z90 * (se if math.isfinite(se) else 0.0)
-
-    @property
-    def judged(self) -> bool:
-        return math.isfinite(self.slope_bytes_per_hour)
-
-    def keeps(self, suspected: bool) -> bool:
-        """The judgement to feed the persistence rule, given the current verdict."""
-        return self.holds if suspected else self.positive
-
-    @property
-    def refutes(self) -> bool:
-        """Judged, nothing holds and the troughs do not rise at all, or the data now call the
-        rise warm-up: a suspected verdict clears at once (persistence rides out doubt, not
-        evidence against)."""
-        if not self.judged:  # the rise judged earlier is now seen to be warm-up levelling off
-            return self.levelling
-        return not self.holds and self.slope_bytes_per_hour <= 0
-
-
 @dataclass
 class _Span:
     points: int
@@ -225,7 +188,8 @@ class Grid:
         self.last = float(v[-1]) if v.size else math.nan
         self._knee = 0  # bins; the data-found end of warm-up, once the search has stopped
         self._knee_final = False
-        self._env: dict[tuple[int, int], Array] = {}
+        self._env: dict[tuple[int, int, bool], Array] = {}
+        self.cycle_bins = max(1, round((params.cycle_seconds or 0.0) / params.bin))
         self.trough_points = 0  # the trough span (in bins) chosen at the latest look
 
     def warmup_bins(self, m: int) -> int:
@@ -262,7 +226,12 @@ class Grid:
             levelling = w * p.bin > p.warmup + p.bin
             return Judgement(False, math.nan, 1.0, "warming up", start, 0, self.last, levelling=levelling)
         win = round(p.window / p.bin)
-        chosen = self._choose_troughs(m, w, win)
+        cyc = stage((m - w) * p.bin, p.cycle_seconds)
+        hold = hold_reason(p.cycle_seconds, (m - w) * p.bin)
+        if cyc == FIRST:  # the cycle's swing not seen once: a rise may be the swing
+            return Judgement(False, math.nan, 1.0, hold, start, 0, self.last, judged_seconds=(m - w) * p.bin)
+        smooth = cyc == JUDGED
+        chosen = self._choose_troughs(m, w, win, smooth)
         if not chosen:
             levelling = w * p.bin > p.warmup + p.bin
             reason = "warming up (growth is levelling off)" if levelling else "warming up"
@@ -272,14 +241,21 @@ class Grid:
         spans = sorted(chosen)
         _, self.trough_points, y, _ = chosen[spans[-1]]
         judged_for = (m - w) * p.bin  # the alpha spending's clock
-        swing = _largest_fall(self.b[:m])
+        swing = largest_fall(self.b[:m])
+        # Under a known cycle: its second cycle under the early looks' bars, then per-cycle means.
+        early = None if not cyc else not smooth or judged_for < SEEN * p.window
         results = [
-            self._span(yk, quiet, n, floor, self._envelope(kk, 0)[:m], judged_for, swing)
+            self._span(yk, quiet, n, floor, self._envelope(kk, 0, smooth)[:m], judged_for, swing, early, hold)
             for n, (_, kk, yk, quiet) in sorted(chosen.items())
         ]
         stair = self._staircase(y[-win:], floor, judged_for)
         if stair is not None:
             results.insert(0, stair)  # never the longest span shown for "no leak"
+        rise = (
+            self._cycle_span(self._envelope(self.trough_points, w)[: m - w], swing, floor, judged_for) if cyc else None
+        )
+        if rise is not None:
+            results.insert(0, rise)
         flagged = [r for r in results if r.positive]
         best = min(flagged or results, key=lambda r: r.p_adj)
         # A clear verdict shows the longest, steadiest span; one that only holds shows the span
@@ -288,20 +264,21 @@ class Grid:
         shown = best if flagged else min(holding, key=lambda r: r.p_adj) if holding else results[-1]
         p_adj = best.p_adj
         detectable = min(r.detectable for r in results)
-        judged = y.size * p.bin  # every trough point judged (the noise), the longest trend span within
+        # every trough point judged (the noise), the longest trend span within; a cycle mean holds a cycle
+        judged = (y.size + (self.cycle_bins - 1 if smooth else 0)) * p.bin
         if flagged and best.steps:
             reason = (
-                f"troughs step up {best.steps} times over the last {_dur(best.points * p.bin)}, never given back "
+                f"troughs step up {best.steps} times over the last {dur(best.points * p.bin)}, never given back "
                 f"({best.slope / MIB:.2f} MiB/h, p={p_adj:.2g} over the run)"
             )
         elif flagged:
             reason = (
-                f"troughs rise {best.slope / MIB:.2f} MiB/h over the last {_dur(best.points * p.bin)} "
+                f"troughs rise {best.slope / MIB:.2f} MiB/h over the last {dur(best.points * p.bin)} "
                 f"(p={p_adj:.2g} over the run)"
             )
         else:
             why = next((r.why for r in results if r.why), "")
-            reason = f"no leak above {detectable / MIB:.3g} MiB/h after {_dur(judged)}" + (f" ({why})" if why else "")
+            reason = f"no leak above {detectable / MIB:.3g} MiB/h after {dur(judged)}" + (f" ({why})" if why else "")
         return Judgement(
             bool(flagged),
             shown.slope,
@@ -317,7 +294,9 @@ class Grid:
             slope_se_bytes_per_hour=shown.se,
         )
 
-    def _choose_troughs(self, m: int, w: int, win: int) -> dict[int, tuple[float, int, Array, Array]]:
+    def _choose_troughs(
+        self, m: int, w: int, win: int, smooth: bool = False
+    ) -> dict[int, tuple[float, int, Array, Array]]:
         """Per span length judged: (slope standard error, trough width, troughs, noise)."""
         p = self.params
         lo = p.spans[0]
@@ -327,7 +306,7 @@ class Grid:
         # the slope, so it spends none of alpha.
         chosen: dict[int, tuple[float, int, Array, Array]] = {}  # span -> (se, width, troughs, noise)
         for kk in self.trough_choices():
-            env = self._envelope(kk, w)[: m - w][-HISTORY_WINDOWS * win :]
+            env = self._envelope(kk, w, smooth)[: m - w][-HISTORY_WINDOWS * win :]
             yk = env[np.isfinite(env)]
             # A span needs HISTORY times its length of noise behind it: a swing slower than
             # the data cannot be told from a leak.
@@ -353,13 +332,15 @@ class Grid:
                     chosen[n] = (se, kk, yk, quiet)
         return chosen
 
-    def _envelope(self, k: int, start: int) -> Array:
+    def _envelope(self, k: int, start: int, smooth: bool = False) -> Array:
         """Trailing minimum over k bins from bin ``start`` on, over the whole grid (causal, so
-        any look's envelope is a prefix of it): computed once per (k, start)."""
-        key = (k, start)
+        any look's envelope is a prefix of it), ``smooth``: its per-cycle means (a known load
+        cycle); computed once per (k, start, smooth)."""
+        key = (k, start, smooth)
         got = self._env.get(key)
         if got is None:
-            got = self._env[key] = trailing_min(self.b, k, start=start)
+            got = trailing_min(self.b, k, start=start)
+            self._env[key] = got = cycle_mean(got, self.cycle_bins) if smooth else got
         return got
 
     def trough_choices(self) -> list[int]:
@@ -407,8 +388,28 @@ class Grid:
             return None
         return _Span(seg.size, slope, se, p_adj, positive, holds, math.inf, "", len(ups))
 
+    def _cycle_span(self, y: Array, swing: float, floor: float, judged: float) -> _Span | None:
+        """A rise on the same point of the cycle before, far beyond the cycle's swing, as a flagged span."""
+        p, q = self.params, self.cycle_bins
+        alpha_n = p.span_alpha(min(q, round(p.window / p.bin)), judged)
+        got = cycle_rise(y, q, p.spans[0], swing, FAR * z_for(alpha_n), 3600.0 / (q * p.bin))
+        if got is None or got[0] < floor:
+            return None
+        return _Span(
+            q, got[0], got[1], min(1.0, upper_tail(got[0] / got[1]) / alpha_n * p.alpha), True, True, math.inf, ""
+        )
+
     def _span(
-        self, history: Array, noise: Array, n: int, floor: float, full: Array, judged: float, swing: float = 0.0
+        self,
+        history: Array,
+        noise: Array,
+        n: int,
+        floor: float,
+        full: Array,
+        judged: float,
+        swing: float = 0.0,
+        early: bool | None = None,
+        hold: str = "",
     ) -> _Span:
         p = self.params
         per_hour = 3600.0 / p.bin
@@ -427,7 +428,7 @@ class Grid:
             z = slope / se
         pv = upper_tail(z) if math.isfinite(z) else 0.0
         p_adj = min(1.0, pv / alpha_n * p.alpha)
-        unseen = history.size * p.bin < SEEN * p.window
+        unseen = history.size * p.bin < SEEN * p.window if early is None else early
         bar = max(
             (FAR if unseen else 1.0) * zstar * se,
             SWING_RISE * swing * per_hour / n if unseen else 0.0,
@@ -438,10 +439,10 @@ class Grid:
         positive = pv < alpha_n
         if positive and unseen and z < FAR * zstar:
             # Slow swings (a load cycle, a long GC period, a settling arena) not yet seen to turn.
-            positive, why = False, f"not judged yet: {_dur(history.size * p.bin)} of data"
+            positive, why = False, hold or f"not judged yet: {dur(history.size * p.bin)} of data"
         if positive and unseen and slope * n / per_hour < SWING_RISE * swing:
             # Bounded swings rise at most by their range (the largest fall seen since the start).
-            positive, why = False, f"not judged yet: swings of {swing / MIB:.3g} MiB seen in {_dur(full.size * p.bin)}"
+            positive, why = False, f"not judged yet: swings of {swing / MIB:.3g} MiB seen in {dur(full.size * p.bin)}"
         if positive and slope - Z90 * se < floor:
             # The floor is judged on the rate's 90% lower bound, as the page's consequence is:
             # a rise just over the threshold is as likely slower than it reads as faster.
@@ -455,20 +456,6 @@ class Grid:
             positive = not why
         holds = z >= HOLD_Z and slope >= 0.5 * floor
         return _Span(n, slope, se, p_adj, positive, holds, detectable, why)
-
-
-def _largest_fall(b: Array) -> float:
-    """The largest fall of the bin minima ``b`` (nan gaps skipped): the range of the swings seen."""
-    y = b[np.isfinite(b)]
-    return float(np.max(np.maximum.accumulate(y) - y)) if y.size else 0.0
-
-
-def _dur(seconds: float) -> str:
-    if seconds >= 3600:
-        return f"{seconds / 3600:.3g} h"
-    if seconds >= 60:
-        return f"{seconds / 60:.3g} min"
-    return f"{seconds:.3g} s"
 
 
 def judge(

@@ -21,13 +21,14 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from soakd.analysis.detector import DetectorParams, Judgement, floor_for, judge
+from soakd.analysis.detector import DetectorParams, floor_for, judge
 from soakd.analysis.evidence import CUDA_SERIES, HOST_SERIES, TARGET_HOST_SERIES, CudaHistory, Evidence
+from soakd.analysis.judgement import Judgement
 from soakd.analysis.replay import Persistence
 from soakd.names import TARGET_METRIC_PREFIX
 from soakd.state import default_state_dir
@@ -339,11 +340,21 @@ class LeakMonitor:
 
 
 def monitor_for_run(
-    cfg: Any, metrics: Metrics, store: SeriesStore, cuda_device: int | None, on_event: OnEvent | None = None
+    cfg: Any,
+    metrics: Metrics,
+    store: SeriesStore,
+    cuda_device: int | None,
+    on_event: OnEvent | None = None,
+    *,
+    cycle: float | None = None,
 ) -> LeakMonitor:
-    """The monitor ``soakd run`` uses: real limits, evidence into the state dir."""
+    """The monitor ``soakd run`` uses: real limits, evidence into the state dir. ``cycle``: the
+    load's period when the phases repeat evenly (``[leak] cycle`` wins over it)."""
 
     lk: LeakConfig = cfg.leak
+    if lk.cycle is None and cycle is not None:
+        lk = replace(lk, cycle=cycle)
+        log.info("leak verdicts judge memory cycle by cycle: the load repeats every %.0f s", cycle)
     cuda = None
     if cuda_device is not None:  # leak.cuda_history decides when it records; "off" still snapshots
         cuda = CudaHistory(lk.cuda_history_max_entries, cuda_device)

@@ -142,8 +142,8 @@ def _reason(r: Replay, state: str) -> str:
 
 
 def _leak_config(ns: argparse.Namespace) -> Any:
-    """``[leak]`` from --config with --leak-warmup / --leak-window on top (no model checks)."""
-    keys = ("leak.warmup", "leak.window")
+    """``[leak]`` from --config with --leak-warmup / --leak-window / --cycle on top (no model checks)."""
+    keys = ("leak.warmup", "leak.window", "leak.cycle")
     overrides = {k: getattr(ns, k) for k in keys if getattr(ns, k, None) is not None}
     return load_config(getattr(ns, "config", None), overrides).leak
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from soakd.analysis.detector import DetectorParams, Grid, Judgement
+from soakd.analysis.detector import DetectorParams, Grid
+from soakd.analysis.judgement import Judgement
 from soakd.analysis.trend import Array
 
 

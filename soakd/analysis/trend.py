@@ -446,3 +446,18 @@ def forgets(y: Array, window_points: float, step_lag: int) -> bool:
     half = y.size // 2
     g = lag_variogram(y, half + 1)
     return bool(g[half // 4] > 0 and g[half] <= PLATEAU_GROWTH * g[half // 4])
+
+
+def largest_fall(b: Array) -> float:
+    """The largest fall of the bin minima ``b`` (nan gaps skipped): the range of the swings seen."""
+    y = b[np.isfinite(b)]
+    return float(np.max(np.maximum.accumulate(y) - y)) if y.size else 0.0
+
+
+def dur(seconds: float) -> str:
+    """A duration for a reason: "44 min", "6 h"."""
+    if seconds >= 3600:
+        return f"{seconds / 3600:.3g} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.3g} min"
+    return f"{seconds:.3g} s"

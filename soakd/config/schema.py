@@ -275,6 +275,15 @@ class LeakConfig:
     ] = 30 * 86400.0
     persistence: Annotated[float, SECONDS_OR_OFF, doc("a suspected verdict clears after this long unheld")] = 1800.0
     min_span: Annotated[float, SECONDS, doc("the shortest span judged")] = 900.0
+    # A known load period: memory is judged at the same point of each cycle (docs/leak-verdicts.md).
+    cycle: (
+        Annotated[
+            float,
+            SECONDS,
+            doc("the load repeats with this period: judge each cycle against the last (none: phases.probe_schedule's)"),
+        ]
+        | None
+    ) = None
     cuda_history: Annotated[
         Literal["auto", "always", "off"], doc("record CUDA allocations (auto: while suspicion builds)")
     ] = "auto"

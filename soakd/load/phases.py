@@ -7,6 +7,7 @@ The engine's target load is the only thing a phase changes (``set_concurrency`` 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -26,6 +27,26 @@ class LoadControl(Protocol):
     def set_concurrency(self, n: int) -> None: ...
 
     def set_rate(self, rps: float) -> None: ...
+
+
+def cron_period(expr: str, *, samples: int = 48) -> float | None:
+    """The period in seconds of a crontab schedule whose fire times are evenly spaced ("0 * * * *":
+    3600.0, "0 */6 * * *": 21600.0), over its next ``samples`` fire times; None when they are not
+    ("0 9,17 * * *", "0 */5 * * *": 5 h gaps then 4 h at midnight) or there is no schedule. The
+    leak monitor judges memory at the same point of each such cycle (docs/leak-verdicts.md)."""
+    if not expr.strip():
+        return None
+    trigger = CronTrigger.from_crontab(expr, timezone=timezone.utc)
+    fires: list[datetime] = []
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)  # any fixed instant: the schedule's gaps do not depend on it
+    while len(fires) < samples:
+        nxt = trigger.get_next_fire_time(fires[-1] if fires else None, now)
+        if nxt is None:
+            break
+        fires.append(nxt)
+        now = nxt + timedelta(seconds=1)
+    gaps = {(b - a).total_seconds() for a, b in itertools.pairwise(fires)}
+    return gaps.pop() if len(gaps) == 1 else None
 
 
 def ramp_fraction(elapsed: float, ramp: float) -> float:

@@ -1,0 +1,109 @@
+"""A known load cycle (#39): with the period of a repeating load schedule, memory is judged at
+the same point of each cycle, so the cycle's own rise is never a leak, and a leak under it still
+is; the period comes from an evenly spaced probe schedule, ``[leak] cycle`` or ``--cycle``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.leak import week_traces as week
+from soakd.analysis.detector import MIB, DetectorParams, Grid, floor_for
+from soakd.analysis.replay import replay
+from soakd.cli import main
+from soakd.config import load_config
+from soakd.load.phases import cron_period
+
+pytestmark = pytest.mark.unit
+
+FLOOR = floor_for("host_rss", {})
+H = 3600.0
+# Week "cycle" traces (4-8 h load schedules, 20-80 MiB swings) that the detector flags when it
+# does not know the period (each at some look of its first 12 h).
+FLAGGED_BLIND = (1, 3, 4, 8)
+
+
+def _cycle(seed: int, hours: float = 12.0, leak_mib_per_h: float = 0.0) -> tuple[np.ndarray, np.ndarray, float]:
+    tr = week.generate("cycle", seed, duration=hours * H)
+    assert tr.cycle_seconds is not None
+    return tr.t, tr.v + leak_mib_per_h * MIB * tr.t / H, tr.cycle_seconds
+
+
+@pytest.mark.parametrize(
+    ("expr", "period"),
+    [
+        ("0 * * * *", H),
+        ("0 */6 * * *", 6 * H),
+        ("*/15 * * * *", 900.0),
+        ("0 0 * * *", 24 * H),
+        ("0 9,17 * * *", None),  # 8 h then 16 h: not one period
+        ("0 */5 * * *", None),  # 5 h gaps, then 4 h over midnight
+        ("", None),
+    ],
+)
+def test_cron_period(expr: str, period: float | None) -> None:
+    assert cron_period(expr) == period
+
+
+def test_week_trace_period_is_the_generators() -> None:
+    """The period the bench passes is the trace's: memory one period apart differs by noise only."""
+    t, v, period = _cycle(0, hours=24.0)
+    k = round(period / float(t[1] - t[0]))
+    assert np.std(v[k:] - v[:-k]) < 4 * MIB < np.std(v)
+
+
+@pytest.mark.parametrize("seed", FLAGGED_BLIND)
+def test_leak_free_cycle_is_never_suspected_with_its_period(seed: int) -> None:
+    t, v, period = _cycle(seed)
+    blind = replay(t, v, DetectorParams(), FLOOR, step=300.0)
+    assert any(up for _, up in blind.flips), "flagged without the period: the false alarm this fixes"
+    known = replay(t, v, DetectorParams(cycle_seconds=period), FLOOR, step=300.0)
+    assert known.flips == [] and not known.suspected, known.final.reason
+
+
+@pytest.mark.parametrize(("seed", "rate"), [(0, 10.0), (2, 15.0), (5, 20.0)])
+def test_leak_under_a_known_cycle_is_flagged(seed: int, rate: float) -> None:
+    t, v, period = _cycle(seed, hours=16.0, leak_mib_per_h=rate)
+    r = replay(t, v, DetectorParams(cycle_seconds=period), FLOOR, step=300.0)
+    assert r.suspected and r.first_suspected_at is not None
+    assert r.first_suspected_at <= 2 * period + 2 * H
+    assert 0.5 * rate < r.final.slope_bytes_per_hour / MIB < 2 * rate
+
+
+def test_strong_leak_is_caught_within_a_cycle_and_a_bit() -> None:
+    """100 MiB/h under a 4-8 h cycle: flagged once one cycle has been seen (the same point of the
+    cycle before is far below), not two."""
+    for seed in range(3):
+        t, v, period = _cycle(seed, leak_mib_per_h=100.0)
+        r = replay(t, v, DetectorParams(cycle_seconds=period), FLOOR, step=300.0)
+        assert r.first_suspected_at is not None and r.first_suspected_at <= period + 1.25 * H, (seed, period)
+
+
+def test_first_cycle_is_not_judged_and_says_why() -> None:
+    t, v, _ = _cycle(1)
+    grid = Grid(t, v, DetectorParams(cycle_seconds=6 * H), 0.0, float(t[-1]))
+    j = grid.look(round(3 * H / 60), FLOOR)
+    assert not j.judged and not j.positive
+    assert j.reason.startswith("not judged yet: a load cycle of 6 h needs 12 h")
+
+
+def test_cycle_from_config() -> None:
+    leak = load_config(None, {"leak.cycle": "6h"}).leak
+    assert DetectorParams.from_config(leak).cycle_seconds == 6 * H
+    assert DetectorParams.from_config(load_config(None, {}).leak).cycle_seconds is None
+
+
+def test_analyze_cycle_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``soakd analyze --cycle``: the same trace, a rise that cleared, then none at all."""
+    t, v, period = _cycle(1)
+    path = tmp_path / "host_rss.csv"
+    path.write_text("timestamp_seconds,bytes\n" + "".join(f"{a:.1f},{b:.0f}\n" for a, b in zip(t, v, strict=True)))
+    assert main(["analyze", "--json", str(path)]) == 0
+    blind = json.loads(capsys.readouterr().out)
+    assert blind["first_suspected_seconds"] is not None
+    assert main(["analyze", "--json", "--cycle", f"{period:.0f}s", str(path)]) == 0
+    known = json.loads(capsys.readouterr().out)
+    assert known["first_suspected_seconds"] is None and known["state"] == "ok"
