@@ -24,7 +24,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -78,9 +78,12 @@ class Outcome:
 HORIZON = 30 * 86400.0  # leak.horizon's default
 
 
-def judge_one(args: tuple[str, str, int, DetectorParams, float, float, float, float]) -> Outcome:
-    which, shape, seed, params, step, floor, hours, page_above = args
+def judge_one(args: tuple[str, str, int, DetectorParams, float, float, float, float, bool]) -> Outcome:
+    which, shape, seed, params, step, floor, hours, page_above, known = args
     tr = SETS[which].generate(shape, seed, duration=hours * 3600.0)
+    cycle = getattr(tr, "cycle_seconds", None)
+    if known and cycle:  # a load schedule the run configured: its period is known (#39)
+        params = replace(params, cycle_seconds=cycle)
     t, v, leaking, start, rate = tr.t, tr.v, tr.leaking, tr.leak_start, tr.leak_rate
     r = replay(t, v, params, floor, step=step, page_above=page_above)
     ups = [at for at, up in r.flips if up]
@@ -160,6 +163,12 @@ def main() -> int:
     ap.add_argument("--shapes", default="", help="comma-separated shapes to judge (default all)")
     ap.add_argument("--leak-free", action="store_true", help="judge the leak-free shapes only")
     ap.add_argument("--seed-offset", type=int, default=0, help="first seed (a range not looked at before)")
+    ap.add_argument(
+        "--known-cycles",
+        action="store_true",
+        help="judge traces of a load schedule (week cycle, leak_cycle) with its period known, as a run with "
+        "that [phases] schedule would (#39)",
+    )
     ap.add_argument("--floor", type=float, default=DEFAULT_FLOOR_BYTES_PER_HOUR, help="bytes/hour")
     ap.add_argument(
         "--headroom",
@@ -175,7 +184,17 @@ def main() -> int:
         return (not only or shape in only) and (free or not ns.leak_free)
 
     work = [
-        (name, shape, seed, params, ns.step, ns.floor, ns.hours, ns.headroom * (1 << 30) / (HORIZON / 3600.0))
+        (
+            name,
+            shape,
+            seed,
+            params,
+            ns.step,
+            ns.floor,
+            ns.hours,
+            ns.headroom * (1 << 30) / (HORIZON / 3600.0),
+            ns.known_cycles,
+        )
         for name in CHOICES[ns.corpus]
         for shape in SETS[name].shapes
         if wanted(shape, shape in SETS[name].leak_free)
@@ -188,6 +207,7 @@ def main() -> int:
         f"leak detection: {len(out)} traces of {ns.hours:g} h at 10 s, {ns.seeds} per shape, a look every "
         f"{ns.step / 60:.0f} min; {params}; floor {ns.floor / MIB:.1f} MiB/h; paged at "
         f"{ns.headroom:g} GiB of headroom over 30 d (>= {ns.headroom * 1024 / 720:.3g} MiB/h)"
+        + ("; load cycles' periods known" if ns.known_cycles else "")
     )
     for name in SETS:
         rows = [o for o in out if o.corpus == name]
