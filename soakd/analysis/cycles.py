@@ -13,7 +13,7 @@ judged time (after warm-up):
     swing, so only a rise far beyond it is flagged);
   * from one cycle on, also: the troughs against the same point of the cycle before
     (:func:`cycle_rise`), flagged when they stand higher by twice the largest fall seen: a
-    strong leak is caught within a cycle and a quarter, whether it began with the run or late;
+    strong leak from the start is caught about a cycle in, one that begins later within 1-2 h;
   * from two cycles on: the per-cycle means (a trailing mean of the troughs over one period,
     where any swing of period P averages out to a constant), tested as the troughs are
     without a cycle: a leak raises every cycle's mean by its rate times P.
