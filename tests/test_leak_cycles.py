@@ -15,7 +15,7 @@ from soakd.analysis.detector import MIB, DetectorParams, Grid, floor_for
 from soakd.analysis.replay import replay
 from soakd.cli import main
 from soakd.config import load_config
-from soakd.load.phases import cron_period
+from soakd.load.phases import cron_period, schedule_cycle
 
 pytestmark = pytest.mark.unit
 
@@ -46,6 +46,27 @@ def _cycle(seed: int, hours: float = 12.0, leak_mib_per_h: float = 0.0) -> tuple
 )
 def test_cron_period(expr: str, period: float | None) -> None:
     assert cron_period(expr) == period
+
+
+@pytest.mark.parametrize(
+    ("schedule", "duration", "cycle"),
+    [
+        ("0 * * * *", "24h", 3600.0),  # hourly probes over a day: judged cycle by cycle
+        ("0 * * * *", None, 3600.0),  # until stopped
+        ("0 * * * *", "2h", None),  # two cycles in the run: judged as usual
+        ("0 0 * * *", "72h", None),  # nightly: a day with no verdict is too long to wait
+        ("0 */6 * * *", "24h", 21600.0),
+        ("0 9,17 * * *", "24h", None),
+    ],
+)
+def test_a_schedule_gives_the_run_a_cycle_it_can_see_several_times(
+    tmp_path: Path, schedule: str, duration: str | None, cycle: float | None
+) -> None:
+    conf = tmp_path / "soak.toml"
+    conf.write_text(
+        f'[phases]\nprobe_schedule = "{schedule}"\n' + (f'[load]\nduration = "{duration}"\n' if duration else "")
+    )
+    assert schedule_cycle(load_config(str(conf))) == cycle
 
 
 def test_week_trace_period_is_the_generators() -> None:

@@ -49,6 +49,32 @@ def cron_period(expr: str, *, samples: int = 48) -> float | None:
     return gaps.pop() if len(gaps) == 1 else None
 
 
+# A schedule's period is taken as the leak verdicts' cycle only where the run sees several
+# cycles: under one, memory is not judged at all (docs/leak-verdicts.md, "Known load cycles"),
+# so a nightly probe would leave a 24 h soak with no verdict. `[leak] cycle` sets any period.
+MAX_SCHEDULE_CYCLE_S = 6 * 3600.0
+MIN_SCHEDULE_CYCLES = 4  # in the run's duration
+
+
+def schedule_cycle(cfg: Config) -> float | None:
+    """The load period the leak verdicts judge by when ``[leak] cycle`` is unset: an evenly
+    spaced ``phases.probe_schedule`` of at most 6 h that the run's duration holds 4 times."""
+    period = cron_period(cfg.phases.probe_schedule)
+    if period is None or cfg.leak.cycle is not None:
+        return period
+    duration = cfg.load.duration
+    if period > MAX_SCHEDULE_CYCLE_S or (duration is not None and duration < MIN_SCHEDULE_CYCLES * period):
+        log.info(
+            "the probe schedule repeats every %.0f s: leak verdicts are not judged cycle by cycle by it (that "
+            "takes a period of at most %.0f h that the run holds %d times; [leak] cycle sets one)",
+            period,
+            MAX_SCHEDULE_CYCLE_S / 3600,
+            MIN_SCHEDULE_CYCLES,
+        )
+        return None
+    return period
+
+
 def ramp_fraction(elapsed: float, ramp: float) -> float:
     """Share of the way from the start load to the target, ``elapsed`` seconds into a ramp."""
     if ramp <= 0:

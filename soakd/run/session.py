@@ -25,7 +25,7 @@ from soakd.config import Config
 from soakd.endpoints import EndpointServer
 from soakd.errors import Exit, RunFailed
 from soakd.load.engine import Engine, EngineStats
-from soakd.load.phases import PhaseScheduler, cron_period
+from soakd.load.phases import PhaseScheduler, schedule_cycle
 from soakd.load.record import RequestRecorder
 from soakd.record.write import write_record
 from soakd.run.health import Health
@@ -153,7 +153,7 @@ class RunSession:
             series,
             prep.cuda_index,
             on_event=lambda kind, detail: life.event(kind, json.dumps(detail, default=str)),
-            cycle=cron_period(cfg.phases.probe_schedule),
+            cycle=schedule_cycle(cfg),
         )
         self.leak.open()
         telemetry.scheduler.add_task("leak", self.leak.evaluate, cfg.leak.evaluate_interval)
