@@ -12,10 +12,13 @@ import pytest
 
 from bench.leak import week_traces as week
 from soakd.analysis.detector import MIB, DetectorParams, Grid, floor_for
+from soakd.analysis.monitor import monitor_for_run
 from soakd.analysis.replay import replay
 from soakd.cli import main
 from soakd.config import load_config
 from soakd.load.phases import cron_period, schedule_cycle
+from soakd.telemetry.catalogue import Metrics
+from soakd.telemetry.series import SeriesStore
 
 pytestmark = pytest.mark.unit
 
@@ -128,3 +131,18 @@ def test_analyze_cycle_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["analyze", "--json", "--cycle", f"{period:.0f}s", str(path)]) == 0
     known = json.loads(capsys.readouterr().out)
     assert known["first_suspected_seconds"] is None and known["state"] == "ok"
+
+
+@pytest.mark.parametrize(
+    ("leak_cycle", "schedule", "judged_by"), [(None, 3600.0, 3600.0), ("2h", 3600.0, 7200.0), (None, None, None)]
+)
+def test_the_run_monitor_judges_by_the_schedule_unless_leak_cycle_is_set(
+    tmp_path: Path, leak_cycle: str | None, schedule: float | None, judged_by: float | None
+) -> None:
+    """`soakd run`'s monitor takes the schedule's period (schedule_cycle), and `[leak] cycle` wins."""
+    conf = tmp_path / "soak.toml"
+    conf.write_text(
+        f'[state]\ndir = "{tmp_path / "state"}"\n' + (f'[leak]\ncycle = "{leak_cycle}"\n' if leak_cycle else "")
+    )
+    monitor = monitor_for_run(load_config(str(conf)), Metrics(), SeriesStore(), None, cycle=schedule)
+    assert monitor.params.cycle_seconds == judged_by
