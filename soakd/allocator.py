@@ -72,9 +72,9 @@ class CpuFaults:
 
     def per_call(self, later: CpuFaults, calls: int) -> FaultRates:
         """The rates from this moment to ``later``. A fault whose page the process keeps (a heap
-        growing to its working set on a short run's first calls at each batch size, 137 MB in a
-        1 s soak of the demo, seen) is paid once; only the rest, pages returned to the kernel and
-        faulted in again, is a cost every call pays, and only it is warned about."""
+        growing to its working set, code touched once) is paid once, yet a short run divides it
+        over few calls (the demo's 10-call probe once read 644 a call); only the rest, pages
+        returned to the kernel and faulted in again, is a cost every call pays, and is warned of."""
         user, kernel = later.user_s - self.user_s, later.kernel_s - self.kernel_s
         share = kernel / (user + kernel) if user + kernel > 0 else 0.0
         faults = later.faults - self.faults
