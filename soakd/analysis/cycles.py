@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from soakd.analysis.trend import Array, dur
+from soakd.analysis.trend import SWING_RISE, Array, dur
 
 FIRST, SECOND, JUDGED = 1, 2, 3  # the stages, in judged cycles: < 1, < 2, >= 2
-SWING_RISE = 2.0  # a rise on the cycle before must be this many times the largest fall seen
 
 
 def stage(judged: float, cycle: float | None) -> int:

@@ -52,6 +52,7 @@ from soakd.analysis.cycles import FIRST, JUDGED, cycle_mean, cycle_rise, hold_re
 from soakd.analysis.judgement import Z90, Judgement
 from soakd.analysis.settling import steps_lower, unsteady
 from soakd.analysis.trend import (
+    SWING_RISE,
     Array,
     bin_minima,
     dur,
@@ -85,7 +86,6 @@ STAIR_SETTLING = 1.25  # gaps each at least this much longer than the one before
 STAIR_OPEN = 2.0  # steps have stopped once the newest gap is this many times the longest
 STEP_SETTLE = 900.0  # seconds: a level shift that settles within this counts as one step
 SEEN = 1.0 / 3  # of the window (2 h of 6 h): less judged history than this has not shown slow swings turn
-SWING_RISE = 2.0  # before that, a rise must also be this many times the largest fall seen
 FAR = 2.0  # before that, a span is flagged only at this many times its threshold z
 
 

@@ -448,6 +448,11 @@ def forgets(y: Array, window_points: float, step_lag: int) -> bool:
     return bool(g[half // 4] > 0 and g[half] <= PLATEAU_GROWTH * g[half // 4])
 
 
+# A bounded swing rises by at most its range (the largest fall seen) from one look, or one cycle,
+# to the next: a rise must be this many times that range before it can read as a leak.
+SWING_RISE = 2.0
+
+
 def largest_fall(b: Array) -> float:
     """The largest fall of the bin minima ``b`` (nan gaps skipped): the range of the swings seen."""
     y = b[np.isfinite(b)]

@@ -57,11 +57,12 @@ MIN_SCHEDULE_CYCLES = 4  # in the run's duration
 
 
 def schedule_cycle(cfg: Config) -> float | None:
-    """The load period the leak verdicts judge by when ``[leak] cycle`` is unset: an evenly
-    spaced ``phases.probe_schedule`` of at most 6 h that the run's duration holds 4 times."""
-    period = cron_period(cfg.phases.probe_schedule)
-    if period is None or cfg.leak.cycle is not None:
-        return period
+    """The load period the schedule gives the leak verdicts: an evenly spaced
+    ``phases.probe_schedule`` of at most 6 h that the run's duration holds 4 times; None when
+    there is none, or when ``[leak] cycle`` sets the period itself."""
+    period = None if cfg.leak.cycle is not None else cron_period(cfg.phases.probe_schedule)
+    if period is None:
+        return None
     duration = cfg.load.duration
     if period > MAX_SCHEDULE_CYCLE_S or (duration is not None and duration < MIN_SCHEDULE_CYCLES * period):
         log.info(
