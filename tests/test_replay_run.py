@@ -115,14 +115,17 @@ def test_rows_arrive_at_their_offsets_sized_as_recorded(server: Recording, tmp_p
     got = np.array([t for t, _ in arrivals])
     want = np.array([r["timestamp"] for r in rows]) / 1000 / speed
     off = got - want
-    off_ms = np.abs(off - np.median(off)) * 1000  # against the schedule, anchored where most rows sit
-    print("arrival offsets from the trace (ms):", np.round(off_ms, 2).tolist())
+    late_ms = (off - np.median(off)) * 1000  # against the schedule, anchored where most rows sit
+    print("arrival offsets from the trace (ms):", np.round(late_ms, 2).tolist())
     # Bounds for a shared 2-core CI host (load 9 when measured: the server's own process waits
-    # for a core too, and the first requests open the pool's connections): most arrivals within
-    # a few ms of the trace, none off by more than a scheduling hiccup.
-    assert np.percentile(off_ms, 50) < 2.0, off_ms
-    assert np.percentile(off_ms, 90) < 15.0, off_ms
-    assert off_ms.max() < 60.0, off_ms
+    # for a core too). Most arrivals sit within a few ms of the trace and none comes early: the
+    # offsets and the speed are applied. A stall of the host is caught up, not carried: CI once
+    # held rows 2-11 of the 10x run for 50 ms (4 ms apart, a fifth of the trace), then sent them
+    # at once, and every row after was on time again.
+    assert np.percentile(np.abs(late_ms), 50) < 2.0, late_ms
+    assert late_ms.min() > -5.0, late_ms
+    assert np.mean(late_ms > 15.0) <= 0.3, late_ms
+    assert late_ms.max() < 100.0, late_ms
     assert 0 < s["replay"]["on_time_ratio"] <= 1  # sent within 1 ms by soakd's clock: 0.5-0.8 at load 9-12
     # Rows a few ms apart may reach the server in either order over different connections, so
     # sizes are matched as a multiset of (max_tokens, prompt words), not position by position.
