@@ -2,16 +2,20 @@
 # The README's test command (`make test`): the three tiers in turn, cheapest first, each timed
 # (tests/tiers.py says what each holds). Extra arguments go to every pytest call, e.g.
 # `scripts/test.sh -k leak`. The end-to-end tier waits mostly on its subprocesses' clocks, so it
-# runs on SOAKD_TEST_JOBS workers (3 by default on this 2-core machine; 1 turns xdist off), each
-# test module on one worker so a module's shared server starts once. The integration tier waits
-# on its sockets and short clocks (11 s of CPU in 38 s), so it runs on as many workers, test by
-# test: 38 -> 20 s. The unit tier is all CPU, so it runs on one worker per core (at most 4).
+# runs on SOAKD_TEST_JOBS workers (two per core, at most 8; 1 turns xdist off), each test module
+# on one worker so a module's shared server starts once. On this 2-core machine the tier (without
+# test_readme) took 348 s on 3 workers and 310 s on 4, the same 535 s of CPU: a fourth worker
+# fills the cores while the others wait on their subprocesses' clocks. The integration tier waits
+# on its sockets and short clocks (11 s of CPU in 38 s), so it runs on up to 3 workers, test by
+# test: 38 -> 20 s (each worker's collection costs about 7 s of CPU, so a fourth costs more than it
+# gives). The unit tier is all CPU, so it runs on one worker per core (at most 4).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${VENV:-.venv}/bin/python
-JOBS=${SOAKD_TEST_JOBS:-3}
 cores=$(nproc)
+JOBS=${SOAKD_TEST_JOBS:-$(( cores * 2 < 8 ? cores * 2 : 8 ))}
 UNIT_JOBS=$(( cores < 4 ? cores : 4 ))
+INTEGRATION_JOBS=$(( JOBS < 3 ? JOBS : 3 ))
 [ "$JOBS" -gt 1 ] || UNIT_JOBS=1
 # Every pytest call (and every xdist worker) imports all of tests/ to collect it, rewriting each
 # module's asserts; with bytecode writing off (PYTHONDONTWRITEBYTECODE) it does that work again in
@@ -32,7 +36,7 @@ for tier in unit integration e2e e2e-timing; do
   if [ "$tier" = e2e ] && [ "$JOBS" -gt 1 ]; then
     args+=(-n "$JOBS" --dist loadfile)
   elif [ "$tier" = integration ] && [ "$JOBS" -gt 1 ]; then
-    args+=(-n "$JOBS" --dist load)
+    args+=(-n "$INTEGRATION_JOBS" --dist load)
   elif [ "$tier" = unit ] && [ "$UNIT_JOBS" -gt 1 ]; then
     args+=(-n "$UNIT_JOBS" --dist load)
   fi
