@@ -29,6 +29,7 @@ from soakd.load.phases import PhaseScheduler, schedule_cycle
 from soakd.load.record import RequestRecorder
 from soakd.record.write import write_record
 from soakd.run.health import Health
+from soakd.run.heap import frozen_heap
 from soakd.run.identity import new_run_id
 from soakd.run.lifecycle import Lifecycle
 from soakd.run.prepare import Preparation, prepare
@@ -182,14 +183,15 @@ class RunSession:
         if offline is not None and "churn_faults_per_call" in offline:
             self._probe_faults = offline["churn_faults_per_call"]
             self._faults_warned = "allocator_warning" in offline
-        self.cfg, self.shard = wait_for_start(self.cfg, self.stop.event)  # --shard/--start-at: clock, start
-        if self.stop.event.is_set():
-            return self._stopped_early(life, "the wait for --start-at")
-        run_fp = prep.fingerprint(life.run_id)
-        if isinstance(source, ReplaySource):  # the trace is part of what the result is bound to
-            run_fp["trace"] = source.info.fingerprint()
-        ready = _Prepared(prep.target, source, run_fp, prep.cold_start(warm), offline, self.target_summary)
-        return self._soak(life, ready, series, telemetry)
+        with frozen_heap():  # before --start-at: the collection it starts with must not delay the first send
+            self.cfg, self.shard = wait_for_start(self.cfg, self.stop.event)  # --shard/--start-at: clock, start
+            if self.stop.event.is_set():
+                return self._stopped_early(life, "the wait for --start-at")
+            run_fp = prep.fingerprint(life.run_id)
+            if isinstance(source, ReplaySource):  # the trace is part of what the result is bound to
+                run_fp["trace"] = source.info.fingerprint()
+            ready = _Prepared(prep.target, source, run_fp, prep.cold_start(warm), offline, self.target_summary)
+            return self._soak(life, ready, series, telemetry)
 
     def _soak(self, life: Lifecycle, prep: _Prepared, series: SeriesStore, telemetry: Telemetry) -> int:
         """The measured part, the same for every target: engine, phases, ticks, drain, summary."""

@@ -13,6 +13,7 @@ from soakd.allocator import demo_allocator
 from soakd.config import Config, ConfigError
 from soakd.record.write import write_json_atomic
 from soakd.run import served
+from soakd.run.heap import frozen_heap
 from soakd.run.identity import new_run_id
 from soakd.run.stop import StopFlag
 from soakd.run.sweep.planner import SweepPlan, plan
@@ -76,7 +77,8 @@ def _sweep(
     steps: list[dict[str, Any]] = []
     for i, settings in enumerate(sweep.steps):
         try:
-            figures = step_figures(i, run_step(st, cfg, sweep, settings))
+            with frozen_heap():
+                figures = step_figures(i, run_step(st, cfg, sweep, settings))
         except KeyboardInterrupt:
             log.warning("interrupted: reporting the %d step(s) that finished", len(steps))
             break
