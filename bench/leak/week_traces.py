@@ -116,18 +116,15 @@ def _sawtooth(rng: np.random.Generator, t: Array, amp: float, period: float) -> 
     return out
 
 
-def _cycle_period(p: np.random.Generator) -> float:
-    return float(p.uniform(4, 8) * H)
-
-
-def _cycle(p: np.random.Generator, t: Array) -> Array:
-    period = _cycle_period(p)
+def _cycle(p: np.random.Generator, t: Array) -> tuple[Array, float]:
+    """A load cycle's memory swing, and its period."""
+    period = float(p.uniform(4, 8) * H)
     amp = p.uniform(20, 80) * MIB
     up, high = p.uniform(0.1, 0.3), p.uniform(0.2, 0.5)
     phase = (t / period + p.uniform()) % 1.0
     down = min(0.95, up + high + p.uniform(0.1, 0.3))
     shape = np.interp(phase, [0.0, up, up + high, down, 1.0], [0.0, 1.0, 1.0, 0.0, 0.0])
-    return amp * shape
+    return amp * shape, period
 
 
 def _warmup(p: np.random.Generator, t: Array) -> Array:
@@ -144,21 +141,24 @@ def _arena(p: np.random.Generator, n_rng: np.random.Generator, t: Array) -> Arra
     return chunk * np.searchsorted(u, mean, side="right").astype(np.float64)
 
 
-def _noise(shape: str, seed: int, t: Array, p: np.random.Generator, replica: int | None) -> Array:
-    """The leak-free part of (shape, seed): parameters from ``p``, noise from replica streams."""
+def _noise(shape: str, seed: int, t: Array, p: np.random.Generator, replica: int | None) -> tuple[Array, float | None]:
+    """The leak-free part of (shape, seed): parameters from ``p``, noise from replica streams; and
+    the load cycle's period (None: no cycle), what a run with that phase schedule knows."""
     dt = float(t[1] - t[0])
     n = t.size
 
     def rng(part: str) -> np.random.Generator:
         return _stream(shape, seed, part, replica)
 
+    period = None
     base = _loguniform(p, 300, 3000) * MIB
     v = base + rng("white").standard_normal(n) * p.uniform(0.1, 0.8) * MIB
     kind = shape.removeprefix("leak_").removesuffix("_faint")
     if kind == "arena":
         v += _arena(p, rng("arena"), t)
     elif kind == "cycle":
-        v += _cycle(p, t) + _ar1(rng("ar1"), n, dt, 1.5 * MIB, 10 * M)
+        swing, period = _cycle(p, t)
+        v += swing + _ar1(rng("ar1"), n, dt, 1.5 * MIB, 10 * M)
     elif kind in ("warmup", "mixed"):
         v += _warmup(p, t)
     if kind in ("sawtooth", "mixed"):
@@ -169,7 +169,7 @@ def _noise(shape: str, seed: int, t: Array, p: np.random.Generator, replica: int
         v += _reflected_walk(rng("walk"), n, dt, p.uniform(4, 12) * MIB, p.uniform(1, 3) * H)
     if kind == "ar1":
         v += _ar1(rng("ar1"), n, dt, p.uniform(4, 8) * MIB, p.uniform(3, 8) * M)
-    return v
+    return v, period
 
 
 _RATES = {
@@ -197,24 +197,13 @@ def _leak(shape: str, seed: int, t: Array) -> tuple[Array, float | None, float]:
     return rate * np.clip(t - start, 0, None) / H, start, rate
 
 
-def cycle_period(shape: str, seed: int) -> float | None:
-    """The period of (shape, seed)'s load cycle (None: no cycle): what a run with that phase
-    schedule knows. The parameter stream's draws before :func:`_cycle`'s, as :func:`_noise` makes them."""
-    if shape.removeprefix("leak_") != "cycle":
-        return None
-    p = _stream(shape, seed, "params")
-    _loguniform(p, 300, 3000)  # base
-    p.uniform(0.1, 0.8)  # white jitter
-    return _cycle_period(p)
-
-
 def times(duration: float, interval: float = 10.0) -> Array:
     return np.arange(0.0, duration, interval)
 
 
 def noise(shape: str, seed: int, replica: int | None, *, duration: float = 6 * H, interval: float = 10.0) -> Array:
     """The leak-free part of (shape, seed) with replica ``replica``'s noise (None: the trace's own)."""
-    return _noise(shape, seed, times(duration, interval), _stream(shape, seed, "params"), replica)
+    return _noise(shape, seed, times(duration, interval), _stream(shape, seed, "params"), replica)[0]
 
 
 def leak_part(
@@ -232,5 +221,5 @@ def generate(shape: str, seed: int, *, duration: float = 6 * H, interval: float 
         raise ValueError(f"unknown week shape {shape!r}")
     t = times(duration, interval)
     leak, start, rate = _leak(shape, seed, t)
-    v = pages(noise(shape, seed, None, duration=duration, interval=interval) + leak)
-    return Trace(shape, seed, shape in LEAKING, t, v, start, rate, cycle_period(shape, seed))
+    swings, period = _noise(shape, seed, t, _stream(shape, seed, "params"), None)
+    return Trace(shape, seed, shape in LEAKING, t, pages(swings + leak), start, rate, period)

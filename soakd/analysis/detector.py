@@ -339,8 +339,13 @@ class Grid:
         key = (k, start, smooth)
         got = self._env.get(key)
         if got is None:
-            got = trailing_min(self.b, k, start=start)
-            self._env[key] = got = cycle_mean(got, self.cycle_bins) if smooth else got
+            # The per-cycle means are of the cached trailing minimum, not of a second one.
+            got = (
+                cycle_mean(self._envelope(k, start), self.cycle_bins)
+                if smooth
+                else trailing_min(self.b, k, start=start)
+            )
+            self._env[key] = got
         return got
 
     def trough_choices(self) -> list[int]:
