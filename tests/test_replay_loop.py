@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from soakd.config import LoadConfig
+from soakd.load import replay
 from soakd.load.replay import ReplayLoop
 from soakd.request import Request
 from soakd.workload.replay import ReplaySource
+from soakd.workload.trace_index import RowReader
 from soakd.workload.traces import Row, Trace, scan
 from tests.conftest import wait_for
 
@@ -82,3 +84,51 @@ def test_bad_rows_mid_trace_are_bad_input_with_their_lines_and_the_soak_goes_on(
     minutes = s["arrivals"]
     assert minutes["bucket_seconds"] == 60.0
     assert sum(minutes["intended"]) == sum(minutes["sent"]) == sum(minutes["completed"]) == len(engine.sent)
+
+
+class Full(Recorder):
+    """An engine at its in-flight cap for the whole trace: every row due is dropped."""
+
+    def __init__(self, loop: ReplayLoop) -> None:
+        super().__init__(loop)
+        self.lags: list[float] = []
+
+    @property
+    def inflight(self) -> int:
+        return 10**9
+
+    def observe_lag(self, lags: list[float], dropped: int) -> None:
+        self.lags += lags
+        self.dropped += dropped
+
+
+class CountingReader(RowReader):
+    """The trace file's reader, counting the rows it reads."""
+
+    reads = 0
+
+    def row(self, offset: int, line: int) -> Row:
+        CountingReader.reads += 1
+        return super().row(offset, line)
+
+
+def test_rows_dropped_at_the_cap_are_counted_and_never_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay that falls behind drops what it cannot send without reading it (the scan's index
+    holds its time): every row an arrival, due in its minute, its lag observed, none sent, and the
+    trace file not read once; the bad rows still counted where they stood."""
+    monkeypatch.setattr(replay, "RowReader", CountingReader)
+    trace = Trace(str(_trace(tmp_path)))
+    info = scan(trace)
+    source = ReplaySource(trace, info, sizer=lambda row: ((row.input_tokens,), row), base=None, describe="test")
+    loop = ReplayLoop(LoadConfig(replay=str(trace.path), replay_speed=100.0, max_inflight=4), source)
+    engine = Full(loop)
+    loop.start(engine)
+    try:
+        wait_for(lambda: loop.exhausted, timeout=30, interval=0.01, what="the trace's end")
+    finally:
+        loop.stop()
+    assert CountingReader.reads == 0 and engine.sent == []
+    assert loop.dropped == engine.dropped == len(engine.lags) == info.rows == 28
+    assert engine.rejected == loop.counts.bad == 2
+    s = loop.summary(1.0)
+    assert sum(s["arrivals"]["intended"]) == 28 and sum(s["arrivals"]["sent"]) == 0

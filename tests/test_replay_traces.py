@@ -17,6 +17,7 @@ from soakd.request import Request
 from soakd.workload import traces
 from soakd.workload.prompts import Prompt
 from soakd.workload.replay_prompts import PromptSizer
+from soakd.workload.trace_index import BAD_LINE, RowReader
 from soakd.workload.traces import Row, RowCounts, Trace, azure_time, scan
 
 BURST_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
@@ -229,3 +230,55 @@ def test_the_request_log_keeps_the_latency_of_answered_requests_only(tmp_path: P
     rec.close()
     logged = [json.loads(line) for line in path.read_text().splitlines()[1:]]
     assert [(r["outcome"], r.get("e2e_ms")) for r in logged] == [("ok", 250.0), ("ok", 150.0), ("error", None)]
+
+
+@pytest.mark.parametrize("fmt", ["mooncake", "azure", "burstgpt", "soakd"])
+def test_the_scans_index_gives_back_every_row_by_offset_and_by_its_counts(tmp_path: Path, fmt: str) -> None:
+    """The replay reads a sent row at the offset the scan indexed (or, for a payload that needs
+    only token counts, builds it from the index): for each format, with a bad row, a CRLF line and
+    a non-ASCII field among them, both give back exactly the rows the stream reads, in time order."""
+    texts = {
+        "mooncake": '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1, 2]}\r\n'
+        "not json\n"
+        '{"timestamp": 1500, "input_length": 30, "output_length": 2, "note": "café"}\n',
+        "azure": "TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:15:46.5,374,44\r\nbad,1,1\n"
+        "2023-11-16 18:15:48,100,0\n",
+        "burstgpt": BURST_HEADER + '5,"Chat, GPT",472,18,490,Conv\n6.5,GPT-4,100,0,100,Conv\n7,GPT-4,10,x,11,API\n'
+        "8,GPT-4,9,3,12,API\n",
+        "soakd": '{"soakd_request_log": 1}\n{"t": 0.5, "in": 8, "out": 2, "shape": [8]}\n{"t": 0.25, "in": 4}\n'
+        '{"t": "x"}\n{"t": 1.0, "shape": [3, 4]}\n',
+    }
+    path = write(tmp_path, f"trace.{'jsonl' if fmt in ('mooncake', 'soakd') else 'csv'}", texts[fmt])
+    trace = Trace(path)
+    info = scan(trace)
+    streamed = list(trace.rows(RowCounts()))
+    assert trace.format == fmt and info.bad == 1 and len(streamed) == info.rows >= 2
+    assert trace.index is not None
+    records = [r for chunk in trace.index.chunks() for r in chunk.tolist()]
+    assert sum(1 for r in records if r[2] == BAD_LINE) == 1
+    good = [r for r in records if r[2] != BAD_LINE]
+    with RowReader(trace) as reader:
+        assert [reader.row(offset, line) for _, offset, line, _, _ in good] == streamed
+    counts_only = [
+        (t, line, n_in if n_in >= 0 else None, n_out if n_out >= 0 else None) for t, _, line, n_in, n_out in good
+    ]
+    assert counts_only == [(r.t, r.line, r.input_tokens, r.output_tokens) for r in streamed]
+
+
+def test_a_row_whose_text_changed_under_the_soak_is_named(tmp_path: Path) -> None:
+    """The trace rewritten after the scan: a row that no longer parses is a bad row saying why;
+    one past the file's new end ends the trace with an error naming the file and line."""
+    path = mooncake(tmp_path, [{"timestamp": i, "input_length": 55, "output_length": 1} for i in range(3)])
+    trace = Trace(path)
+    scan(trace)
+    assert trace.index is not None
+    _, offset, line, _, _ = next(trace.index.chunks()).tolist()[2]
+    with open(path, "r+") as fh:
+        fh.seek(offset + len('{"timestamp": 2, "input_length": '))
+        fh.write("-5")  # 55 -> -5, in place
+    with RowReader(trace) as reader, pytest.raises(ValueError, match="input_length"):
+        reader.row(offset, line)
+    with open(path, "r+") as fh:
+        fh.truncate(offset)
+    with RowReader(trace) as reader, pytest.raises(ConfigError, match=f"line {line} is no longer the row it was"):
+        reader.row(offset, line)

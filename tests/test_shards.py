@@ -27,6 +27,7 @@ from soakd.load.arrivals import gaps, shard_gaps
 from soakd.load.executors import ClosedLoop, OpenLoop
 from soakd.run.shard import START_GATE_ENV, measure_skew, one_watcher
 from soakd.workload.replay import open_trace
+from soakd.workload.trace_index import BAD_LINE
 from soakd.workload.traces import RowCounts
 from tests.conftest import REPO, free_port, soakd_cmd, wait_for
 
@@ -229,5 +230,10 @@ def test_replayed_rows_split_by_index_each_row_once(tmp_path: Path) -> None:
             assert (info.first_t, info.span_seconds, info.rows) == (whole_info.first_t, whole_info.span_seconds, 11)
             part = [(r.t, r.line) for r in part_trace.rows(RowCounts())]
             assert part == whole[i::n]
+            # The replay walks the scan's index, not rows(): the same split, and the bad row in each.
+            assert part_trace.index is not None
+            records = np.concatenate(list(part_trace.index.chunks(part_trace.shard)))
+            assert [(t, line) for t, line in records[["t", "line"]].tolist() if line != BAD_LINE] == part
+            assert (records["line"] == BAD_LINE).sum() == 1
             sent += part
         assert sorted(sent) == sorted(whole) and len(set(sent)) == len(sent), n

@@ -53,6 +53,11 @@ class MinuteCounts:
                 return width, counts
 
     @property
+    def per_second(self) -> float:
+        """Buckets per second: ``int(seconds * per_second)`` is a time's bucket (for now)."""
+        return self._inv
+
+    @property
     def total(self) -> int:
         return sum(self.counts)
 

@@ -2,25 +2,32 @@
 
 Each row's intended time is its offset from the trace's first row divided by the speed,
 anchored to the soak's start (never to the previous send): falling behind shows as schedule
-lag and, past ``load.max_inflight``, as drops, never as a quietly lower rate. The rows are read
-from the file as they come due (:class:`soakd.workload.traces.Trace`), so memory does not grow
-with the trace. ``load.replay_loop`` wraps it: each pass starts one span plus one mean gap
+lag and, past ``load.max_inflight``, as drops, never as a quietly lower rate. The rows' times
+come from the index the scan wrote (:mod:`soakd.workload.trace_index`), a chunk at a time, so
+memory does not grow with the trace; a row's text is read only when it is sent, so a dropped row
+costs what an arrival of ``--rate`` costs. ``load.replay_loop`` wraps it: each pass starts one span plus one mean gap
 after the one before; without it the executor is ``exhausted`` at the trace's end and the run
 ends there (docs/replay.md).
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
+import math
 import time
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
 
 from soakd.config import LoadConfig
 from soakd.errors import ConfigError
 from soakd.load.executors import ArrivalsThread, Sender
 from soakd.load.minutes import MinuteCounts, aligned
 from soakd.request import Request
+from soakd.workload.trace_index import BAD_LINE, RECORD, Records, RowReader
 from soakd.workload.traces import Row, RowCounts, Trace, TraceInfo
 
 log = logging.getLogger("soakd")
@@ -34,6 +41,9 @@ class RowSource(Protocol):
 
     trace: Trace
     info: TraceInfo
+
+    @property
+    def needs_text(self) -> bool: ...
 
     def for_row(self, row: Row) -> tuple[Any, Any]: ...
 
@@ -56,6 +66,17 @@ class ReplayLoop(ArrivalsThread):
         self._bad_counted = self._bad_logged = 0  # bad rows counted as bad_input, bad lines logged
         # The report's plot: rows due per minute (sent or dropped), sent, and completed (any outcome).
         self.per_minute = {"intended": MinuteCounts(), "sent": MinuteCounts(), "completed": MinuteCounts()}
+        # The arrivals thread's own: the schedule's anchor and speed, lags and drops not yet flushed.
+        self._anchor = (0.0, 0.0)
+        self._speed_now = self._speed
+        self._lags: list[float] = []
+        self._times: list[float] = []  # intended times (engine clock) of the arrivals since the last flush
+        self._cap = ld.max_inflight
+        self._dropped = 0
+        self._last_flush = 0.0
+        self._chunk: Records = np.empty(0, dtype=RECORD)
+        self._columns: tuple[list[float], list[int], list[int], list[int], list[int]] | None = None
+        self._needs_text = True  # the source's, read once a soak
 
     @property
     def target_load(self) -> float:
@@ -73,80 +94,176 @@ class ReplayLoop(ArrivalsThread):
 
     # ------------------------------------------------------------------ the arrivals thread
 
-    def _offsets(self) -> Iterator[tuple[float, Row]]:
-        """(seconds on the trace's clock from its first row, passes wrapped, the row)."""
-        info = self.source.info
+    def _passes(self) -> Iterator[tuple[npt.NDArray[np.float64], Records]]:
+        """The index's records, a chunk at a time, each with its rows' times on the trace's clock
+        from its first row, passes wrapped (bad rows before the first row at minus infinity)."""
+        info, trace = self.source.info, self.source.trace
+        if trace.index is None:
+            raise ConfigError(f"load.replay: {info.path}: the trace was not scanned before the soak")
         period = info.span_seconds + info.mean_gap
         while not self._stop.is_set():
             base = self.passes * period - info.first_t
             self.passes += 1
-            for row in self.source.trace.rows(self.counts):
-                yield base + row.t, row
+            for records in trace.index.chunks(trace.shard):
+                yield records["t"] + base, records
             if not self.ld.replay_loop:
                 return
 
     def _run(self, engine: Sender) -> None:
         try:
-            self._arrivals(engine)
+            with RowReader(self.source.trace) as reader:
+                self._arrivals(engine, reader)
         except (ConfigError, OSError) as exc:  # the file changed under the soak: end the trace, say why
             log.error("load.replay: the trace ended early: %s", exc)
         finally:
             self.exhausted = True
 
-    def _arrivals(self, engine: Sender) -> None:
-        rows = self._offsets()
-        clock, stop, cap = engine.clock, self._stop, self.ld.max_inflight
-        make = self.source.for_row
-        speed = self._speed
-        anchor_wall, anchor_x = engine.started_at, 0.0  # re-anchored when the speed changes
-        t0, intended, sent = engine.started_at, self.per_minute["intended"].add, self.per_minute["sent"].add
-        lags: list[float] = []
-        dropped = 0
-        last_flush = clock()
-        pending = next(rows, None)
-        while pending is not None and not stop.is_set():
-            x, row = pending
-            if self._speed != speed:  # the schedule stays continuous at the next row's time
-                anchor_wall, anchor_x = anchor_wall + (x - anchor_x) / speed, x
-                speed = self._speed
-            next_t = anchor_wall + (x - anchor_x) / speed
-            now = clock()
-            if next_t > now:
-                wait = next_t - now
-                time.sleep(wait if wait < 0.05 else 0.05)
-                continue
-            due: list[Request] = []
-            inflight = engine.inflight
-            while pending is not None and next_t <= now:
-                lag = now - next_t
-                lags.append(lag)
-                intended(next_t - t0)
-                if lag <= ON_TIME_S:
-                    self.on_time += 1
-                if inflight + len(due) >= cap:
-                    dropped += 1
+    def _arrivals(self, engine: Sender, reader: RowReader) -> None:
+        """Each chunk's rows as they come due, walked as plain floats: rows come due one or two at
+        a time while the replay keeps up, and a numpy call costs more than that much work."""
+        clock, stop, sleep = engine.clock, self._stop, time.sleep
+        self._anchor = (engine.started_at, 0.0)  # (engine clock, trace clock) of one point of the schedule
+        self._speed_now = self._speed
+        self._lags, self._times, self._dropped, self._last_flush = [], [], 0, clock()
+        self._needs_text, self._cap = self.source.needs_text, self.ld.max_inflight
+        ended = True
+        for x, records in self._passes():
+            xs, lines = x.tolist(), records["line"].tolist()
+            has_bad = BAD_LINE in lines
+            self._chunk, self._columns = records, None
+            i, n = 0, len(xs)
+            wall, at = self._anchor
+            speed = self._speed_now
+            while i < n:
+                if stop.is_set():
+                    ended = False
+                    break
+                if self._speed != speed and math.isfinite(xs[i]):  # continuous at the next row
+                    self._anchor = wall, at = wall + (xs[i] - at) / speed, xs[i]
+                    self._speed_now = speed = self._speed
+                now = clock()
+                limit = at + (now - wall) * speed  # rows at or before this trace time are due
+                if xs[i] > limit:
+                    wait = wall + (xs[i] - at) / speed - now
+                    sleep(wait if wait < 0.05 else 0.05)
+                    continue
+                j = i + 1
+                while j < n and xs[j] <= limit:
+                    j += 1
+                if has_bad and BAD_LINE in lines[i:j]:
+                    self._due_with_bad(engine, reader, now, i, xs[i:j], lines[i:j])
                 else:
-                    key, payload = make(row)
-                    due.append(Request(next_t, now, key, payload))
-                pending = next(rows, None)
-                if pending is not None:
-                    x, row = pending
-                    next_t = anchor_wall + (x - anchor_x) / speed
-            if due:
-                self.sent += len(due)
-                sent(now - t0, len(due))
-                engine.send(due)
-            if len(lags) >= 256 or now - last_flush > 0.1:
-                self.dropped += dropped
-                engine.observe_lag(lags, dropped)
-                lags, dropped = [], 0
-                last_flush = now
-                self._count_bad(engine)
-        self.dropped += dropped
-        engine.observe_lag(lags, dropped)
-        self._count_bad(engine)
-        if pending is None:
+                    self._due(engine, reader, now, i, xs[i:j])
+                i = j
+            if not ended:
+                break
+        self._flush(engine, clock())
+        if ended:
             log.info("load.replay: the trace ended after %d pass%s", self.passes, "es" if self.passes > 1 else "")
+
+    def _due_with_bad(
+        self, engine: Sender, reader: RowReader, now: float, first: int, xs: list[float], lines: list[int]
+    ) -> None:
+        """Due rows with bad ones among them: each bad row counted where it stood."""
+        run = 0  # rows before the next bad one
+        for k, line in enumerate(lines):
+            if line == BAD_LINE:
+                if run:
+                    self._due(engine, reader, now, first + k - run, xs[k - run : k])
+                self.counts.bad += 1
+                run = 0
+            else:
+                run += 1
+        if run:
+            self._due(engine, reader, now, first + len(lines) - run, xs[len(lines) - run :])
+
+    def _due(self, engine: Sender, reader: RowReader, now: float, first: int, xs: list[float]) -> None:
+        """Rows ``first``... of the chunk, due by ``now`` (their times ``xs``, in order): each an
+        arrival, its intended time and lag kept for the next flush; sent while fewer than
+        ``max_inflight`` are in flight, dropped past it."""
+        wall, at = self._anchor
+        speed = self._speed_now
+        lags, times = self._lags, self._times
+        held = len(times)
+        for x in xs:
+            t = wall + (x - at) / speed
+            times.append(t)
+            lags.append(now - t)
+        if now - times[-1] <= ON_TIME_S:  # the latest are the ones on time
+            self.on_time += len(times) - bisect.bisect_left(times, now - ON_TIME_S, held)
+        k = self._cap - engine.inflight
+        if k < len(xs):
+            self._dropped += len(xs) - max(k, 0)
+        if k > 0:
+            self._send(engine, reader, now, first, times[held : held + k])
+        if len(lags) >= 256 or now - self._last_flush > 0.1:
+            self._flush(engine, now)
+
+    def _flush(self, engine: Sender, now: float) -> None:
+        """The arrivals since the last flush: their lags and drops to the engine, each to its
+        minute of the report's plot (a run of them in one minute at once, as nearly always)."""
+        times, t0 = self._times, engine.started_at
+        if times:
+            intended = self.per_minute["intended"]
+            if int((times[0] - t0) * intended.per_second) == int((times[-1] - t0) * intended.per_second):
+                intended.add(times[0] - t0, len(times))
+            else:
+                for t in times:
+                    intended.add(t - t0)
+        self.dropped += self._dropped
+        engine.observe_lag(self._lags, self._dropped)
+        self._lags, self._times, self._dropped, self._last_flush = [], [], 0, now
+        self._count_bad(engine)
+
+    def _send(self, engine: Sender, reader: RowReader, now: float, first: int, times: list[float]) -> None:
+        """Rows ``first``... of the chunk, sent, each with its intended time."""
+        due: list[Request] = []
+        make = self.source.for_row
+        for t, row in zip(times, self._rows(reader, first, len(times)), strict=True):
+            if row is not None:
+                key, payload = make(row)
+                due.append(Request(t, now, key, payload))
+        if due:
+            self.sent += len(due)
+            self.per_minute["sent"].add(now - engine.started_at, len(due))
+            engine.send(due)
+
+    def _rows(self, reader: RowReader, first: int, k: int) -> list[Row | None]:
+        """Rows ``first``... ``first + k`` of the chunk: from the index's counts when the payload
+        needs nothing else, else read from the file (None: a row that no longer parses, counted
+        bad)."""
+        if not self._needs_text:
+            if self._columns is None:  # the chunk's columns as lists, made once it sends a row
+                c = self._chunk
+                self._columns = (
+                    c["t"].tolist(),
+                    c["offset"].tolist(),
+                    c["line"].tolist(),
+                    c["input"].tolist(),
+                    c["output"].tolist(),
+                )
+            ts, offsets, lines, ins, outs = self._columns
+            return [
+                Row(
+                    ts[q],
+                    n if (n := ins[q]) >= 0 else None,
+                    m if (m := outs[q]) >= 0 else None,
+                    lines[q],
+                    None,
+                    None,
+                    offsets[q],
+                )
+                for q in range(first, first + k)
+            ]
+        out: list[Row | None] = []
+        records = self._chunk[first : first + k]
+        for offset, line in zip(records["offset"].tolist(), records["line"].tolist(), strict=True):
+            try:
+                out.append(reader.row(offset, line))
+            except ValueError as exc:  # the file changed under the soak: a bad row now
+                self.counts.add_bad(line, str(exc))
+                out.append(None)
+        return out
 
     def _count_bad(self, engine: Sender) -> None:
         """Bad rows met since the last call: each a ``bad_input`` outcome; a line the scan before

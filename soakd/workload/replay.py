@@ -19,7 +19,7 @@ from soakd.config import Config
 from soakd.config.parse import parse_shard
 from soakd.specs import SeqLenSpec, is_seq_spec, parse_seq_spec
 from soakd.workload.replay_prompts import PromptSizer
-from soakd.workload.seqlen import PAD_KEY
+from soakd.workload.seqlen import PAD_KEY, TokenSlices
 from soakd.workload.sources import RequestSource
 from soakd.workload.traces import Row, RowCounts, Trace, TraceInfo, scan
 
@@ -62,10 +62,7 @@ class TokenSizer:
     def __init__(self, spec: SeqLenSpec, *, pad: bool, seed: int) -> None:
         self.spec = spec
         self.pad = pad
-        import torch  # here, not at the top: see TYPE_CHECKING above
-
-        gen = torch.Generator().manual_seed(seed)
-        self._tokens = torch.randint(1, spec.vocab, (spec.high,), generator=gen, dtype=torch.int64)
+        self._tokens = TokenSlices(spec, seed)
         self.clipped = 0  # rows longer than the spec's maximum, sent at the maximum
 
     def __call__(self, row: Row) -> tuple[Any, torch.Tensor]:
@@ -76,7 +73,7 @@ class TokenSizer:
             self.clipped += 1
             n = self.spec.high
         n = max(1, n)
-        return (PAD_KEY if self.pad else (n,)), self._tokens[:n]
+        return (PAD_KEY if self.pad else (n,)), self._tokens[n]
 
 
 class LengthSizer:
@@ -162,6 +159,14 @@ class ReplaySource:
     @property
     def clipped(self) -> int:
         return self._sizer.clipped if isinstance(self._sizer, TokenSizer | LengthSizer) else 0
+
+    @property
+    def needs_text(self) -> bool:
+        """Whether a row's payload needs more of it than its token counts (its hash ids, its
+        shape), so the replay reads the row's text, not only the index's counts."""
+        if self._sizer is None:
+            return False
+        return not (isinstance(self._sizer, TokenSizer | LengthSizer) and self.info.format != "soakd")
 
     def for_row(self, row: Row) -> tuple[Any, Any]:
         if self._sizer is not None:

@@ -18,14 +18,15 @@ import json
 import logging
 import math
 import re
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Annotated, Any, TextIO
+from typing import Annotated, Any, BinaryIO, TextIO
 
 import msgspec
 
 from soakd.errors import ConfigError
+from soakd.workload.trace_index import RowIndex
 
 log = logging.getLogger("soakd")
 
@@ -54,6 +55,7 @@ class Row:
     line: int
     hash_ids: tuple[int, ...] | None = None
     shape: tuple[int, ...] | None = None  # soakd's log: the tensor shape sent to a tensor model
+    offset: int = -1  # the byte offset of its line (its record's first line) in the file
 
 
 @dataclass
@@ -175,6 +177,7 @@ class Trace:
         self.path = path
         self.keep_failed = keep_failed
         self.shard: tuple[int, int] | None = None  # (I, N) of --shard I/N: rows() yields its share
+        self.index: RowIndex | None = None  # the rows' times and offsets, written by scan()
         with self._open() as fh:
             first = self._first_line(fh)
         self.format, self._columns = self._detect(first, fmt)
@@ -184,6 +187,14 @@ class Trace:
     def _open(self) -> TextIO:
         try:
             return open(self.path, encoding="utf-8", newline="")
+        except OSError as exc:
+            raise ConfigError(f"load.replay: {self.path}: cannot read ({exc.strerror})") from None
+
+    def open_binary(self) -> BinaryIO:
+        """The file as bytes: rows are read with their byte offsets (the index's, and a sent
+        row read again from its offset)."""
+        try:
+            return open(self.path, "rb")
         except OSError as exc:
             raise ConfigError(f"load.replay: {self.path}: cannot read ({exc.strerror})") from None
 
@@ -284,7 +295,7 @@ class Trace:
         )
 
     def _raw(self, counts: RowCounts) -> Iterator[Row]:
-        with self._open() as fh:
+        with self.open_binary() as fh:
             try:
                 if self._columns is not None:
                     yield from self._csv_rows(fh, counts)
@@ -293,61 +304,102 @@ class Trace:
             except UnicodeDecodeError:
                 raise ConfigError(f"load.replay: {self.path}: not UTF-8 text past line 1") from None
 
-    def _json_rows(self, fh: TextIO, counts: RowCounts) -> Iterator[Row]:
-        parse: Callable[[dict[str, Any], int], Row] = _soakd if self.format == "soakd" else _mooncake
-        fast = _MOONCAKE_JSON if self.format == "mooncake" else None
-        for line, text in enumerate(fh, 1):
-            if fast is not None:
-                try:
-                    m = fast.decode(text)
-                except msgspec.DecodeError:  # the generic path below names what is wrong
-                    pass
-                else:
-                    if math.isfinite(m.timestamp):
-                        yield Row(
-                            m.timestamp / 1000.0,  # milliseconds
-                            m.input_length,
-                            m.output_length,
-                            line,
-                            tuple(m.hash_ids) if m.hash_ids else None,
-                        )
-                        continue
-            if not text.strip() or (line == 1 and self.format == "soakd"):
-                continue
+    def _json_rows(self, fh: BinaryIO, counts: RowCounts) -> Iterator[Row]:
+        offset = 0
+        for line, raw in enumerate(fh, 1):
             try:
-                obj = _ROW_JSON.decode(text)
-                if not isinstance(obj, dict):
-                    raise _BadRow("not a JSON object")
-                yield parse(obj, line)
-            except msgspec.DecodeError as exc:
-                counts.add_bad(line, f"not JSON ({str(exc).removeprefix('JSON is malformed: ')})")
+                row = self.json_row(raw.decode("utf-8"), line, offset)
             except _BadRow as exc:
                 counts.add_bad(line, str(exc))
+            else:
+                if row is not None:
+                    yield row
+            offset += len(raw)
 
-    def _csv_rows(self, fh: TextIO, counts: RowCounts) -> Iterator[Row]:
-        assert self._columns is not None
-        i_t, i_in, i_out = self._columns
-        width = max(self._columns) + 1
-        reader = csv.reader(fh)
+    def json_row(self, text: str | bytes, line: int, offset: int) -> Row | None:
+        """One JSON line as a row (None: a blank line, or the log's header); _BadRow says why not."""
+        fast = _MOONCAKE_JSON if self.format == "mooncake" else None
+        if fast is not None:
+            try:
+                m = fast.decode(text)
+            except msgspec.DecodeError:  # the generic path below names what is wrong
+                pass
+            else:
+                if math.isfinite(m.timestamp):
+                    hashes = tuple(m.hash_ids) if m.hash_ids else None
+                    return Row(m.timestamp / 1000.0, m.input_length, m.output_length, line, hashes, None, offset)
+        if not text.strip() or (line == 1 and self.format == "soakd"):
+            return None
+        try:
+            obj = _ROW_JSON.decode(text)
+        except msgspec.DecodeError as exc:
+            raise _BadRow(f"not JSON ({str(exc).removeprefix('JSON is malformed: ')})") from None
+        if not isinstance(obj, dict):
+            raise _BadRow("not a JSON object")
+        row = _soakd(obj, line) if self.format == "soakd" else _mooncake(obj, line)
+        row.offset = offset
+        return row
+
+    def _csv_rows(self, fh: BinaryIO, counts: RowCounts) -> Iterator[Row]:
+        lines = _OffsetLines(fh)
+        reader = csv.reader(lines)
         next(reader, None)  # the header
-        azure = self.format == "azure"
-        for fields in reader:
-            line = reader.line_num
+        while True:
+            offset = lines.offset  # where the next record starts: the reader reads no further ahead
+            fields = next(reader, None)
+            if fields is None:
+                return
             if not fields:
                 continue
             try:
-                if len(fields) < width:
-                    raise _BadRow(f"{len(fields)} columns, the header has at least {width}")
-                t = azure_time(fields[i_t]) if azure else _number(fields[i_t], "Timestamp")
-                n_in = _count(fields[i_in], CSV_COLUMNS[self.format][1])
-                n_out = _count(fields[i_out], CSV_COLUMNS[self.format][2])
+                row = self.csv_row(fields, reader.line_num, offset)
             except _BadRow as exc:
-                counts.add_bad(line, str(exc))
+                counts.add_bad(reader.line_num, str(exc))
                 continue
-            if n_out == 0 and not azure and not self.keep_failed:
+            if row is None:
                 counts.skipped += 1  # BurstGPT: a failed request (docs/replay.md)
                 continue
-            yield Row(t, n_in, n_out, line)
+            yield row
+
+    def csv_row(self, fields: list[str], line: int, offset: int) -> Row | None:
+        """One CSV record as a row (None: a failed request left out); _BadRow says why not."""
+        assert self._columns is not None
+        i_t, i_in, i_out = self._columns
+        width = max(self._columns) + 1
+        if len(fields) < width:
+            raise _BadRow(f"{len(fields)} columns, the header has at least {width}")
+        azure = self.format == "azure"
+        t = azure_time(fields[i_t]) if azure else _number(fields[i_t], "Timestamp")
+        n_in = _count(fields[i_in], CSV_COLUMNS[self.format][1])
+        n_out = _count(fields[i_out], CSV_COLUMNS[self.format][2])
+        if n_out == 0 and not azure and not self.keep_failed:
+            return None
+        return Row(t, n_in, n_out, line, None, None, offset)
+
+    def csv_record(self, fh: BinaryIO) -> list[str] | None:
+        """The CSV record that starts at ``fh``'s position (None at the end of the file)."""
+        if self._columns is None:
+            raise ValueError("not a CSV trace")
+        return next(csv.reader(_OffsetLines(fh)), None)
+
+
+class _OffsetLines:
+    """A binary file's lines as text for ``csv.reader``, counting the bytes handed out, so the
+    offset of the record the reader asks for next is known."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self._fh = fh
+        self.offset = fh.tell()
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        raw = self._fh.readline()
+        if not raw:
+            raise StopIteration
+        self.offset += len(raw)
+        return raw.decode("utf-8")
 
 
 @dataclass(frozen=True)
@@ -391,12 +443,26 @@ def scan(trace: Trace) -> TraceInfo:
     """One streamed pass before the soak: rows, span, bad rows (the first few logged with their
     line numbers); ConfigError (exit 2) for a step back in time or a file with no rows."""
     counts = RowCounts()
-    n, first, last = 0, 0.0, 0.0
-    for row in trace.rows(counts):
-        if n == 0:
-            first = row.t
-        last = row.t
-        n += 1
+    n, first, last = 0, 0.0, -math.inf
+    index = RowIndex()
+    try:
+        for row in trace.rows(counts):
+            while index.records + index.pending < n + counts.bad:  # bad rows met before this one
+                index.add_bad(last)
+            if n == 0:
+                first = row.t
+            last = row.t
+            n += 1
+            index.add(row)
+        while index.records + index.pending < n + counts.bad:
+            index.add_bad(last)
+        index.finish()
+    except BaseException:
+        index.close()
+        raise
+    if trace.index is not None:
+        trace.index.close()
+    trace.index = index
     for bad in counts.bad_lines:
         log.warning("load.replay: %s: %s (bad row, left out)", trace.path, bad)
     if counts.bad > len(counts.bad_lines):
@@ -411,7 +477,7 @@ def scan(trace: Trace) -> TraceInfo:
         file_sha256(trace.path),
         trace.format,
         n,
-        last - first,
+        last - first if n else 0.0,
         first,
         counts.skipped,
         counts.bad,
