@@ -36,6 +36,9 @@ class Sender:
     """What the arrivals thread sees of the engine: full (every arrival dropped) or empty."""
 
     def __init__(self, full: bool, make: Any) -> None:
+        from soakd.request import Request
+
+        self._request = Request
         self.clock = time.perf_counter
         self.started_at = self.last_completion = self.clock()
         self.inflight = 10**9 if full else 0
@@ -43,10 +46,9 @@ class Sender:
         self.arrivals = self.sent = 0
 
     def make(self, intended: float, now: float) -> Any:
-        from soakd.request import Request
-
+        """As ``Engine.make``: the run's next input, as a request."""
         key, tensor = self._make()
-        return Request(intended, now, key, tensor)
+        return self._request(intended, now, key, tensor)
 
     def send(self, reqs: list[Any]) -> None:
         self.sent += len(reqs)

@@ -31,11 +31,14 @@ from pathlib import Path
 from typing import Any
 
 
-def write_trace(path: Path, rows: int, gap_ms: float) -> None:
+def write_trace(path: Path, rows: int, gap_ms: float, input_length: int | None = None) -> None:
+    """Mooncake rows ``gap_ms`` apart: input lengths 32-127 (clipped to the spec's 64), or all
+    ``input_length``."""
     with open(path, "w") as fh:
         for i in range(rows):
+            n_in = 32 + i % 96 if input_length is None else input_length
             fh.write(
-                f'{{"timestamp": {i * gap_ms:.3f}, "input_length": {32 + i % 96}, "output_length": {1 + i % 16}, '
+                f'{{"timestamp": {i * gap_ms:.3f}, "input_length": {n_in}, "output_length": {1 + i % 16}, '
                 f'"hash_ids": [{i // 4}, {i}]}}\n'
             )
 
@@ -100,7 +103,9 @@ def ceiling(args: argparse.Namespace, work: Path) -> None:
     process; the median of each side and of the pairs' ratios."""
     rate = args.ceiling_rate
     trace = work / "ceiling.jsonl"
-    write_trace(trace, int(rate * args.seconds * 1.5), 1000.0 / rate)
+    # Every row 64 tokens, as `seq:fixed(n=64)` draws for --rate: the same requests, one batch key,
+    # so the two differ in where their arrivals come from and nothing else.
+    write_trace(trace, int(rate * args.seconds * 1.5), 1000.0 / rate, input_length=64)
     loads = {"rate": ["--rate", str(rate), "--arrival", "constant"], "replay": ["--replay", str(trace)]}
     got: dict[str, list[float]] = {"rate": [], "replay": []}
     ratios = []

@@ -16,7 +16,7 @@ import bisect
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -43,7 +43,7 @@ class RowSource(Protocol):
     info: TraceInfo
 
     @property
-    def needs_text(self) -> bool: ...
+    def by_length(self) -> Callable[[int | None], tuple[Any, Any]] | None: ...
 
     def for_row(self, row: Row) -> tuple[Any, Any]: ...
 
@@ -75,8 +75,8 @@ class ReplayLoop(ArrivalsThread):
         self._dropped = 0
         self._last_flush = 0.0
         self._chunk: Records = np.empty(0, dtype=RECORD)
-        self._columns: tuple[list[float], list[int], list[int], list[int], list[int]] | None = None
-        self._needs_text = True  # the source's, read once a soak
+        self._inputs: list[int] | None = None  # the chunk's input tokens as a list, made once it sends
+        self._by_length: Callable[[int | None], tuple[Any, Any]] | None = None  # the source's, read once a soak
 
     @property
     def target_load(self) -> float:
@@ -125,12 +125,12 @@ class ReplayLoop(ArrivalsThread):
         self._anchor = (engine.started_at, 0.0)  # (engine clock, trace clock) of one point of the schedule
         self._speed_now = self._speed
         self._lags, self._times, self._dropped, self._last_flush = [], [], 0, clock()
-        self._needs_text, self._cap = self.source.needs_text, self.ld.max_inflight
+        self._by_length, self._cap = self.source.by_length, self.ld.max_inflight
         ended = True
         for x, records in self._passes():
             xs, lines = x.tolist(), records["line"].tolist()
             has_bad = BAD_LINE in lines
-            self._chunk, self._columns = records, None
+            self._chunk, self._inputs = records, None
             i, n = 0, len(xs)
             wall, at = self._anchor
             speed = self._speed_now
@@ -216,54 +216,33 @@ class ReplayLoop(ArrivalsThread):
         self._count_bad(engine)
 
     def _send(self, engine: Sender, reader: RowReader, now: float, first: int, times: list[float]) -> None:
-        """Rows ``first``... of the chunk, sent, each with its intended time."""
+        """Rows ``first``... of the chunk, sent, each with its intended time: made from the index's
+        token counts where the payload needs nothing else, else from the row read from the file."""
         due: list[Request] = []
-        make = self.source.for_row
-        for t, row in zip(times, self._rows(reader, first, len(times)), strict=True):
-            if row is not None:
+        by_length = self._by_length
+        if by_length is not None:
+            if self._inputs is None:
+                self._inputs = self._chunk["input"].tolist()
+            inputs = self._inputs
+            for q, t in enumerate(times, first):
+                n = inputs[q]
+                key, payload = by_length(n if n >= 0 else None)
+                due.append(Request(t, now, key, payload))
+        else:
+            make = self.source.for_row
+            records = self._chunk[first : first + len(times)]
+            for t, offset, line in zip(times, records["offset"].tolist(), records["line"].tolist(), strict=True):
+                try:
+                    row = reader.row(offset, line)
+                except ValueError as exc:  # the file changed under the soak: a bad row now
+                    self.counts.add_bad(line, str(exc))
+                    continue
                 key, payload = make(row)
                 due.append(Request(t, now, key, payload))
         if due:
             self.sent += len(due)
             self.per_minute["sent"].add(now - engine.started_at, len(due))
             engine.send(due)
-
-    def _rows(self, reader: RowReader, first: int, k: int) -> list[Row | None]:
-        """Rows ``first``... ``first + k`` of the chunk: from the index's counts when the payload
-        needs nothing else, else read from the file (None: a row that no longer parses, counted
-        bad)."""
-        if not self._needs_text:
-            if self._columns is None:  # the chunk's columns as lists, made once it sends a row
-                c = self._chunk
-                self._columns = (
-                    c["t"].tolist(),
-                    c["offset"].tolist(),
-                    c["line"].tolist(),
-                    c["input"].tolist(),
-                    c["output"].tolist(),
-                )
-            ts, offsets, lines, ins, outs = self._columns
-            return [
-                Row(
-                    ts[q],
-                    n if (n := ins[q]) >= 0 else None,
-                    m if (m := outs[q]) >= 0 else None,
-                    lines[q],
-                    None,
-                    None,
-                    offsets[q],
-                )
-                for q in range(first, first + k)
-            ]
-        out: list[Row | None] = []
-        records = self._chunk[first : first + k]
-        for offset, line in zip(records["offset"].tolist(), records["line"].tolist(), strict=True):
-            try:
-                out.append(reader.row(offset, line))
-            except ValueError as exc:  # the file changed under the soak: a bad row now
-                self.counts.add_bad(line, str(exc))
-                out.append(None)
-        return out
 
     def _count_bad(self, engine: Sender) -> None:
         """Bad rows met since the last call: each a ``bad_input`` outcome; a line the scan before

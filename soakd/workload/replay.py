@@ -67,12 +67,19 @@ class TokenSizer:
 
     def __call__(self, row: Row) -> tuple[Any, torch.Tensor]:
         n = row.input_tokens
+        if n is None and row.shape:
+            n = row.shape[0]
+        return self.of_length(n)
+
+    def of_length(self, n: int | None) -> tuple[Any, torch.Tensor]:
+        """The payload of a row of ``n`` input tokens (None: the spec's least)."""
         if n is None:
-            n = row.shape[0] if row.shape else self.spec.low
-        if n > self.spec.high:
+            n = self.spec.low
+        elif n > self.spec.high:
             self.clipped += 1
             n = self.spec.high
-        n = max(1, n)
+        elif n < 1:
+            n = 1
         return (PAD_KEY if self.pad else (n,)), self._tokens[n]
 
 
@@ -94,9 +101,15 @@ class LengthSizer:
 
     def __call__(self, row: Row) -> tuple[Any, Any]:
         n = row.input_tokens
+        if n is None and row.shape:
+            n = row.shape[-1]
+        return self.of_length(n)
+
+    def of_length(self, n: int | None) -> tuple[Any, Any]:
+        """The payload of a row of ``n`` input tokens (None: the shape's own length)."""
         if n is None:
-            n = row.shape[-1] if row.shape else self.high
-        if n > self.high:
+            n = self.high
+        elif n > self.high:
             self.clipped += 1
             n = self.high
         n = max(1, n)
@@ -161,12 +174,17 @@ class ReplaySource:
         return self._sizer.clipped if isinstance(self._sizer, TokenSizer | LengthSizer) else 0
 
     @property
-    def needs_text(self) -> bool:
-        """Whether a row's payload needs more of it than its token counts (its hash ids, its
-        shape), so the replay reads the row's text, not only the index's counts."""
+    def by_length(self) -> Callable[[int | None], tuple[Any, Any]] | None:
+        """The payload of a row from its input tokens alone, where nothing else of the row counts
+        (None: it needs the row's hash ids or shape, so the replay reads the row's text; the
+        index the scan wrote holds its token counts)."""
         if self._sizer is None:
-            return False
-        return not (isinstance(self._sizer, TokenSizer | LengthSizer) and self.info.format != "soakd")
+            base = self._base
+            assert base is not None
+            return lambda _n: base.next()  # the trace sets the timing only
+        if isinstance(self._sizer, TokenSizer | LengthSizer) and self.info.format != "soakd":
+            return self._sizer.of_length
+        return None
 
     def for_row(self, row: Row) -> tuple[Any, Any]:
         if self._sizer is not None:

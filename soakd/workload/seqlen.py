@@ -47,23 +47,21 @@ def draw_lengths(spec: SeqLenSpec, rng: np.random.Generator, n: int) -> np.ndarr
     return np.clip(np.rint(rng.lognormal(mu, sigma, size=n)), spec.low, spec.high).astype(np.int64)
 
 
-class TokenSlices:
-    """One pre-made sequence of ``spec.high`` token ids and its prefixes, each length's made once:
-    slicing a tensor costs about 1.5 us on the thread that makes every request (an open loop's
-    arrivals thread), a lookup 0.03. The prefixes are views of the one sequence, no copies, at
-    most ``spec.high`` of them."""
+class TokenSlices(dict[int, "torch.Tensor"]):
+    """One pre-made sequence of ``spec.high`` token ids and its prefixes by length, each made once
+    (``slices[n]``): slicing a tensor costs about 1.5 us on the thread that makes every request
+    (an open loop's arrivals thread), a dict lookup 0.03. The prefixes are views of the one
+    sequence, no copies, at most ``spec.high`` of them."""
 
     def __init__(self, spec: SeqLenSpec, seed: int) -> None:
+        super().__init__()
         import torch  # config imports this module's parser; `soakd analyze` must start without torch
 
         gen = torch.Generator().manual_seed(seed)
         self.tokens = torch.randint(1, spec.vocab, (spec.high,), generator=gen, dtype=torch.int64)
-        self._made: dict[int, torch.Tensor] = {}
 
-    def __getitem__(self, n: int) -> torch.Tensor:
-        made = self._made.get(n)
-        if made is None:
-            made = self._made[n] = self.tokens[:n]
+    def __missing__(self, n: int) -> torch.Tensor:
+        made = self[n] = self.tokens[:n]
         return made
 
 
