@@ -13,8 +13,11 @@ rows, span, a step back in time) is part of what is measured: it reads the whole
         [--seconds 20] [--ceiling-rate 50000] [--rounds 3]
 
 ``--ceiling-rate R`` first runs the same schedule as ``--rate R --arrival constant`` and as a
-trace of rows 1/R apart, R past what the host completes, and prints the ratio of their
-completed rates (the replay's overhead; goal: within 5%).
+trace of rows 1/R apart, every row 64 tokens as ``seq:fixed(n=64)`` draws for ``--rate`` (the
+same requests), R past what the host completes, and prints the ratio of their completed rates
+(the replay's overhead; goal: within 5%). The host's noise moves each side by a third from run
+to run: take the median of many pairs, and ``bench/arrivals_cost.py`` for the arrivals thread's
+own CPU per arrival.
 """
 
 from __future__ import annotations
