@@ -34,9 +34,9 @@ print("PROBE", json.dumps({"rc": code, "loaded": sorted({m.split(".")[0] for m i
 """
 
 
-def _imports_of(tmp_path: Path, *args: str) -> dict[str, object]:
-    """Run ``soakd ARGS`` in a fresh interpreter; its exit code and which HEAVY packages it loaded."""
-    probe = [sys.executable, "-c", PROBE, json.dumps(list(args)), json.dumps(HEAVY)]
+def _imports_of(tmp_path: Path, *args: str, heavy: tuple[str, ...] = HEAVY) -> dict[str, object]:
+    """Run ``soakd ARGS`` in a fresh interpreter; its exit code and which of ``heavy`` it loaded."""
+    probe = [sys.executable, "-c", PROBE, json.dumps(list(args)), json.dumps(heavy)]
     res = subprocess.run(probe, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     line = [x for x in res.stdout.splitlines() if x.startswith("PROBE ")]
     assert line, res.stdout + res.stderr
@@ -113,3 +113,11 @@ def test_a_served_model_soak_and_sweep_import_no_torch(tmp_path: Path, openai_se
     assert run == {"rc": 0, "loaded": ["aiohttp"]}
     sweep = _imports_of(tmp_path, "sweep", *target, "--concurrency", "1,2", "--step-duration", "1s")
     assert sweep == {"rc": 0, "loaded": ["aiohttp"]}
+
+
+def test_a_run_refused_before_its_soak_draws_nothing(tmp_path: Path) -> None:
+    """A soak of a target that refuses the connection ends with exit 2 before its soak, without
+    importing matplotlib (the report's plots, 0.3 s of CPU) or torch."""
+    refused = f"grpc://127.0.0.1:{free_port()}"
+    args = ("run", "--api", "kserve-v2", "--target", refused, "--target-model", "m")
+    assert _imports_of(tmp_path, *args, heavy=("matplotlib", "torch")) == {"rc": 2, "loaded": []}

@@ -12,7 +12,6 @@ from soakd.record.types import RunRecord, SloBlock
 from soakd.record.write import write_record, write_text_private
 from soakd.report.document import REPORT_NAME, SUMMARY_NAME, build_report, run_dir
 from soakd.report.gate import print_verdict
-from soakd.report.html import render_html
 from soakd.state import StateReader
 
 log = logging.getLogger("soakd.report")
@@ -26,6 +25,10 @@ def write_run_report(state_dir: str | Path, run_id: str, summary: RunRecord) -> 
     write_record(folder / SUMMARY_NAME, summary)
     with StateReader(state_dir) as state:
         doc = build_report(state.load_run(run_id), summary=summary, judged=True)
+    # Here, not at the top: matplotlib costs 0.3 s of CPU to import, and a run that ends before its
+    # soak (a refused target, a bad flag) draws no report.
+    from soakd.report.html import render_html
+
     path = folder / REPORT_NAME
     write_text_private(path, render_html(doc))
     return path
