@@ -356,13 +356,15 @@ def test_an_unreachable_otlp_collector_does_not_stretch_the_exit(tmp_path: Path)
 
 
 def test_a_failed_start_exits_without_the_final_collection(tmp_path: Path) -> None:
-    """A gRPC start check that fails (nothing listens): exit 2 with one line, and what torch,
-    numpy and grpc leave alive (~280k objects) is frozen out of the interpreter's final
-    collections, which made such an exit take 1-3 s idle and up to 30 s on a loaded host (#15)."""
+    """A gRPC start check that fails (nothing listens): exit 2 with one line, and what numpy, grpc
+    and aiohttp leave alive (some 60k objects; 280k with torch) is frozen out of the interpreter's
+    final collections, which made such an exit take 1-3 s idle and up to 30 s on a loaded host
+    (#15)."""
     probe = tmp_path / "probe.py"  # soakd's entry point, saying at exit how many objects were frozen
     probe.write_text(
         "import atexit, gc, os\n"
-        "atexit.register(lambda: os.write(2, f'frozen at exit: {gc.get_freeze_count()}\\n'.encode()))\n"
+        "atexit.register(lambda: os.write(2, f'frozen at exit: {gc.get_freeze_count()}, "
+        "tracked: {len(gc.get_objects())}\\n'.encode()))\n"
         "from soakd.cli import entry\n"
         "entry()\n"
     )
@@ -374,5 +376,8 @@ def test_a_failed_start_exits_without_the_final_collection(tmp_path: Path) -> No
     )  # fmt: skip
     assert res.returncode == 2, res.stderr
     assert f"target.url: {url}: cannot connect" in res.stderr and "Traceback" not in res.stderr, res.stderr
-    frozen = re.search(r"frozen at exit: (\d+)", res.stderr)
-    assert frozen is not None and int(frozen.group(1)) > 100_000, res.stderr
+    frozen = re.search(r"frozen at exit: (\d+), tracked: (\d+)", res.stderr)
+    assert frozen is not None, res.stderr
+    # Nearly all of it frozen: what the final collections would still walk is a small remainder.
+    held, tracked = int(frozen.group(1)), int(frozen.group(2))
+    assert held > 20_000 and tracked < held / 10, res.stderr
