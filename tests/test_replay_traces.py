@@ -6,6 +6,7 @@ limit. docs/replay.md."""
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -282,3 +283,15 @@ def test_a_row_whose_text_changed_under_the_soak_is_named(tmp_path: Path) -> Non
         fh.truncate(offset)
     with RowReader(trace) as reader, pytest.raises(ConfigError, match=f"line {line} is no longer the row it was"):
         reader.row(offset, line)
+
+
+def test_a_temporary_folder_that_cannot_hold_the_index_is_exit_2_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan writes the trace's index to the temporary folder: one that does not exist is a
+    ConfigError (exit 2) naming it and TMPDIR, not a traceback."""
+    path = mooncake(tmp_path, [{"timestamp": 0, "input_length": 5, "output_length": 1}])
+    missing = tmp_path / "no-such-folder"
+    monkeypatch.setattr(tempfile, "tempdir", str(missing))
+    with pytest.raises(ConfigError, match=f"cannot make the trace's index .*{missing}.*TMPDIR"):
+        scan(Trace(path))

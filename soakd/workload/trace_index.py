@@ -32,6 +32,13 @@ CHUNK = 8192  # rows read from the index at a time: with their lists of floats, 
 BAD_LINE = -1  # a row the scan found bad: counted as bad_input where it stood, never sent
 
 Records = npt.NDArray[np.void]
+_WHERE = (
+    f"it takes {RECORD.itemsize} bytes a row in the temporary folder (TMPDIR, else /tmp): point TMPDIR at one with room"
+)
+
+
+def _why(exc: OSError) -> str:
+    return f"{exc.strerror}: {exc.filename}" if exc.strerror and exc.filename else str(exc)
 
 
 class RowIndex:
@@ -39,7 +46,10 @@ class RowIndex:
     start for each pass (:meth:`chunks`) by one reader at a time."""
 
     def __init__(self) -> None:
-        self._fh = tempfile.TemporaryFile(prefix="soakd-trace-index-")  # noqa: SIM115 (held until close())
+        try:
+            self._fh = tempfile.TemporaryFile(prefix="soakd-trace-index-")  # noqa: SIM115 (held until close())
+        except OSError as exc:
+            raise ConfigError(f"load.replay: cannot make the trace's index ({_why(exc)}); {_WHERE}") from None
         self._pending: list[tuple[float, int, int, int, int]] = []
         self.records = 0  # written to the file
 
@@ -67,7 +77,12 @@ class RowIndex:
 
     def _flush(self) -> None:
         if self._pending:
-            self._fh.write(np.array(self._pending, dtype=RECORD).tobytes())
+            try:
+                self._fh.write(np.array(self._pending, dtype=RECORD).tobytes())
+            except OSError as exc:  # a full disk
+                raise ConfigError(
+                    f"load.replay: cannot write the trace's index after {self.records} rows ({_why(exc)}); {_WHERE}"
+                ) from None
             self.records += len(self._pending)
             self._pending = []
 
