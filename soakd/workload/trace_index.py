@@ -53,11 +53,6 @@ class RowIndex:
         self._pending: list[tuple[float, int, int, int, int]] = []
         self.records = 0  # written to the file
 
-    @property
-    def pending(self) -> int:
-        """Records added and not yet written."""
-        return len(self._pending)
-
     def add(self, row: Row) -> None:
         n_in, n_out = row.input_tokens, row.output_tokens
         self._add((row.t, row.offset, row.line, -1 if n_in is None else n_in, -1 if n_out is None else n_out))

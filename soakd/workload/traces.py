@@ -443,18 +443,19 @@ def scan(trace: Trace) -> TraceInfo:
     """One streamed pass before the soak: rows, span, bad rows (the first few logged with their
     line numbers); ConfigError (exit 2) for a step back in time or a file with no rows."""
     counts = RowCounts()
-    n, first, last = 0, 0.0, -math.inf
+    n, marked, first, last = 0, 0, 0.0, -math.inf
     index = RowIndex()
     try:
         for row in trace.rows(counts):
-            while index.records + index.pending < n + counts.bad:  # bad rows met before this one
+            for _ in range(counts.bad - marked):  # bad rows met before this one stand before it
                 index.add_bad(last)
+            marked = counts.bad
             if n == 0:
                 first = row.t
             last = row.t
             n += 1
             index.add(row)
-        while index.records + index.pending < n + counts.bad:
+        for _ in range(counts.bad - marked):
             index.add_bad(last)
         index.finish()
     except BaseException:
@@ -477,7 +478,7 @@ def scan(trace: Trace) -> TraceInfo:
         file_sha256(trace.path),
         trace.format,
         n,
-        last - first if n else 0.0,
+        last - first,
         first,
         counts.skipped,
         counts.bad,
