@@ -8,7 +8,7 @@ import time
 
 import aiohttp
 
-from soakd.targets.http import _StampingConnector
+from soakd.targets.aiohttp_client import _StampingConnector
 
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
 

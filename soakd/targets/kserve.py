@@ -38,16 +38,9 @@ from soakd.config import TENSOR_OVERHEAD_BYTES, InputConfig, format_bytes
 from soakd.errors import TargetError
 from soakd.host_limits import host_memory_bytes
 from soakd.specs import V2_DATATYPES, Shape, parse_shape_mix
+from soakd.targets.aiohttp_client import AiohttpTarget, read_body
+from soakd.targets.answers import MAX_BODY_BYTES, BadAnswer, parse_json, short, status_class
 from soakd.targets.client import CHECK_TIMEOUT, ClientTarget, Failure, Sent
-from soakd.targets.http import (
-    MAX_BODY_BYTES,
-    AiohttpTarget,
-    BadAnswer,
-    parse_json,
-    read_body,
-    short,
-    status_class,
-)
 
 if TYPE_CHECKING:  # the tensors come made (shapes.py): an early exit never loads torch
     import torch
@@ -281,7 +274,7 @@ class KServeRestTarget(AiohttpTarget):
         async with resp:
             try:
                 body = await read_body(resp, self.max_body_bytes)
-            except aiohttp.ClientError as exc:
+            except (BadAnswer, aiohttp.ClientError) as exc:
                 raise TargetError(f"target.url: {url}: {exc}") from None
         try:
             return resp.status, parse_json(body)

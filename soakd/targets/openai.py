@@ -18,7 +18,7 @@ until ``data: [DONE]`` or the end of the body (``transformers serve`` sends no `
 What a server sends is bounded (docs/limits.md): a line over ``MAX_LINE_BYTES``, a line that is
 no SSE field (an HTML page), a stream without a ``data:`` event, an ``error`` that is not null,
 and a ``usage`` count that is not an integer within 0..``MAX_TOKENS`` make the request an
-error (:class:`~soakd.targets.http.BadAnswer`), never a lost one.
+error (:class:`~soakd.targets.answers.BadAnswer`), never a lost one.
 A server that stops sending mid-stream hits the per-chunk read timeout (aiohttp's
 ``sock_read``): the request is a timeout, never a hang. Non-streaming (``target.stream =
 false``) reads one JSON answer: tokens and goodput (its TTFT is the whole answer's time), no
@@ -36,8 +36,9 @@ import aiohttp
 from aiohttp.http_exceptions import LineTooLong
 
 from soakd.errors import TargetError
+from soakd.targets.aiohttp_client import AiohttpTarget, read_body
+from soakd.targets.answers import BadAnswer, parse_json, short
 from soakd.targets.client import Failure, Sent
-from soakd.targets.http import AiohttpTarget, BadAnswer, parse_json, read_body, short
 from soakd.telemetry.catalogue import Metrics
 from soakd.workload.prompts import WORDS_PER_TOKEN, Prompt
 
@@ -97,7 +98,7 @@ class OpenAITarget(AiohttpTarget):
                 )
             try:
                 data = parse_json(await read_body(resp, self.max_body_bytes))
-            except (ValueError, aiohttp.ClientError) as exc:
+            except (ValueError, BadAnswer, aiohttp.ClientError) as exc:
                 raise TargetError(f"target.url: {url}: {exc}") from None
         ids = _model_ids(data, url)
         if self.model is None:
