@@ -4,12 +4,16 @@ every way an answer can end is read as a user would count it, and the pool holds
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
 from soakd.targets.answers import BadAnswer
+from soakd.targets.http import HttpTarget
 from soakd.targets.http1 import Disconnected, Endpoint, Pool
+from soakd.telemetry.catalogue import Metrics
 
 # What the server answers to a request for each path (None: say nothing).
 ANSWERS: dict[str, bytes | None] = {
@@ -150,3 +154,31 @@ def test_a_url_it_cannot_use_is_named() -> None:
         Endpoint("http://h:99999/")
     ep = Endpoint("http://[::1]:8080/v1/predict?x=1")
     assert ep.head("POST", {}) == b"POST /v1/predict?x=1 HTTP/1.1\r\nHost: [::1]:8080\r\nContent-Length: "
+
+
+def test_https_is_verified_against_the_trusted_certificates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An https:// target: answered over TLS when its certificate is trusted (``SSL_CERT_FILE``,
+    as a private CA is given to OpenSSL), refused with the verification error when it is not."""
+    fixtures = Path(__file__).parent / "fixtures"
+    cert, key = fixtures / "tls-127.0.0.1.crt", fixtures / "tls-127.0.0.1.key"
+
+    async def tls_session(trusted: bool) -> int | str:
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_ctx.load_cert_chain(cert, key)
+        server = await asyncio.get_running_loop().create_server(Scripted, "127.0.0.1", 0, ssl=server_ctx)
+        base = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        if trusted:
+            monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+        else:
+            monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+        pool = Pool(Endpoint(base), limit=2)
+        try:
+            return await pool.request(post_head(base, "/ok"), b"{}", 5.0)
+        except ssl.SSLCertVerificationError as exc:  # as the target's health and logs word it
+            return HttpTarget(base, Metrics(), max_connections=1, timeout=5.0)._reason(exc)
+        finally:
+            pool.close()
+            server.close()
+
+    assert asyncio.run(tls_session(trusted=True)) == 200
+    assert asyncio.run(tls_session(trusted=False)) == "certificate verify failed: self-signed certificate"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import ssl
 from typing import Any
 
 from soakd.errors import ConfigError, TargetError
@@ -81,6 +82,10 @@ class HttpTarget(ClientTarget):
         return None
 
     def _reason(self, exc: BaseException) -> str:
+        if isinstance(exc, ssl.SSLCertVerificationError):  # its errno (1) would read "operation not permitted"
+            return f"certificate verify failed: {exc.verify_message}"
+        if isinstance(exc, ssl.SSLError):
+            return f"TLS: {exc.reason or exc}".lower()
         if isinstance(exc, OSError) and not isinstance(exc, Disconnected):
             # asyncio words a refusal "Connect call failed (...)"; the errno says "connection refused".
             if exc.errno and exc.errno > 0 and not isinstance(exc, socket.gaierror):
