@@ -131,6 +131,29 @@ def test_requests_past_the_limit_wait_for_a_connection_within_their_deadline() -
     with_scripted_server(pool_checks)
 
 
+def test_a_kept_connection_the_server_ends_is_not_a_failed_request() -> None:
+    """The server closes an idle keep-alive connection (its own timeout), before or just as the
+    next request takes it: that request goes out on a new connection and is answered."""
+
+    async def pool_checks(base: str) -> None:
+        pool = Pool(Endpoint(base), limit=4)
+        assert await pool.request(post_head(base, "/ok"), b"{}", 5.0) == 200
+        (kept,) = pool._idle
+        assert kept.transport is not None
+        kept.transport.close()  # closing, as after the server's FIN: its connection_lost has not run yet
+        assert await pool.request(post_head(base, "/ok"), b"{}", 5.0) == 200
+        for conn in list(pool._idle):  # ended by the server while idle, seen before the next request
+            assert conn.transport is not None
+            conn.transport.close()
+        await asyncio.sleep(0.05)
+        assert pool.connections == 0
+        assert await pool.request(post_head(base, "/ok"), b"{}", 5.0) == 200
+        assert pool.connections == 1 and Scripted.requests == 3
+        pool.close()
+
+    with_scripted_server(pool_checks)
+
+
 def test_a_burst_surplus_idles_out_while_a_trickle_keeps_one_connection() -> None:
     async def pool_checks(base: str) -> None:
         pool = Pool(Endpoint(base), limit=64, keepalive=0.3)

@@ -75,6 +75,7 @@ class _Conn(asyncio.Protocol):
         self.waiter: asyncio.Future[int] | None = None
         self.idle_since = 0.0
         self.closed = False
+        self.used = False  # a request has been sent on it
         self.error: Exception | None = None  # why it closed before a request began, if known
         self._head = False  # the request was HEAD: its answer has no body, whatever it declares
         self._status = 0
@@ -143,6 +144,7 @@ class _Conn(asyncio.Protocol):
     # ------------------------------------------------------------------ the pool's side
 
     def begin(self, waiter: asyncio.Future[int], head: bool) -> None:
+        self.used = True
         self.waiter = waiter
         self._head = head
         self._status = self._size = 0
@@ -193,10 +195,15 @@ class Pool:
         loop = self._loop
         deadline = loop.time() + timeout
         conn = self._idle.pop() if self._idle else await self._acquire(deadline)
-        if conn.closed:  # a new connection the server closed, or spoke on, before the request
+        while conn.closed or conn.transport is None or conn.transport.is_closing():
+            # Closed under us: its place is free (lost() found it in neither list).
             self._count -= 1
             self._wake()
-            raise conn.error or Disconnected()
+            if not conn.used:  # a new connection the server closed, or spoke on, before the request
+                raise conn.error or Disconnected()
+            # A kept connection the server ended (its keep-alive timeout) as it was taken: not
+            # a failure of this request, which takes the next one.
+            conn = self._idle.pop() if self._idle else await self._acquire(deadline)
         self._busy.add(conn)
         waiter: asyncio.Future[int] = loop.create_future()
         conn.begin(waiter, head.startswith(b"HEAD "))
