@@ -25,8 +25,9 @@ pytestmark = pytest.mark.unit
 FLOOR = floor_for("host_rss", {})
 H = 3600.0
 # Week "cycle" traces (4-8 h load schedules, 20-80 MiB swings) that the detector flags when it
-# does not know the period (each at some look of its first 12 h).
-FLAGGED_BLIND = (1, 3, 4, 8)
+# does not know the period (each at some look of its first 12 h). Seed 8 left the list in #39's
+# fourth round: its flag was a 30 min span's rise within the cycle's own range.
+FLAGGED_BLIND = (1, 3, 4)
 
 
 def _cycle(seed: int, hours: float = 12.0, leak_mib_per_h: float = 0.0) -> tuple[np.ndarray, np.ndarray, float]:

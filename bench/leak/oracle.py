@@ -242,6 +242,7 @@ def table(out: Iterable[TraceOracle]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=20, help="traces per leaking shape (seeds 0..N-1)")
+    ap.add_argument("--seed-offset", type=int, default=0, help="first seed (bench/leak/detection.py's --seed-offset)")
     ap.add_argument("--replicas", type=int, default=200, help="noise-only replicas per trace")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--hours", type=float, default=6.0, help="trace length")
@@ -262,7 +263,11 @@ def main() -> int:
             if unknown
             else "--seeds >= 1, --replicas >= 20 and --hours > 0.75 are needed"
         )
-    work = [(sh, seed, ns.replicas, ns.hours, levels) for sh in only for seed in range(ns.seeds)]
+    work = [
+        (sh, seed, ns.replicas, ns.hours, levels)
+        for sh in only
+        for seed in range(ns.seed_offset, ns.seed_offset + ns.seeds)
+    ]
     t0 = time.perf_counter()
     if ns.jobs > 1:
         with ProcessPoolExecutor(ns.jobs) as pool:
