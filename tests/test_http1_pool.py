@@ -18,6 +18,7 @@ from soakd.telemetry.catalogue import Metrics
 # What the server answers to a request for each path (None: say nothing).
 ANSWERS: dict[str, bytes | None] = {
     "/ok": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+    "/hints": b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}",
     "/chunked": b"HTTP/1.1 503 Busy\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
     "/close": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
     "/until-close": b"HTTP/1.0 200 OK\r\n\r\n" + b"x" * 300,
@@ -88,12 +89,13 @@ def test_each_way_an_answer_ends_is_read_and_the_connection_kept_only_when_it_ca
         assert await pool.request(post_head(base, "/ok"), b'{"x": 1}', 5.0) == 200
         assert await pool.request(post_head(base, "/ok"), b"{}", 5.0) == 200
         assert await pool.request(post_head(base, "/chunked"), b"{}", 5.0) == 503
-        assert pool.connections == 1 and Scripted.open == 1  # three answers on one kept connection
+        assert await pool.request(post_head(base, "/hints"), b"{}", 5.0) == 201  # the answer after the hints
+        assert pool.connections == 1 and Scripted.open == 1  # four answers on one kept connection
         assert await pool.request(post_head(base, "/close"), b"{}", 5.0) == 200
         assert await pool.request(post_head(base, "/until-close"), b"{}", 5.0) == 200
         head = Endpoint(base + "/ok").head("HEAD", {})
         assert await pool.request(head, b"", 5.0) == 200  # declares 2 bytes, sends none
-        with pytest.raises(BadAnswer, match="of 1000000000 bytes"):
+        with pytest.raises(BadAnswer, match="of 1000000000 bytes, over the bound of 512 bytes"):
             await pool.request(post_head(base, "/declared-big"), b"{}", 5.0)
         with pytest.raises(BadAnswer, match="over the bound of 512"):
             await pool.request(post_head(base, "/big"), b"{}", 5.0)
@@ -106,7 +108,7 @@ def test_each_way_an_answer_ends_is_read_and_the_connection_kept_only_when_it_ca
         assert await pool.request(post_head(base, "/ok"), b"{}", 5.0) == 200
         await asyncio.sleep(0.05)  # let the server see the closes
         assert pool.connections == 1 and Scripted.open == 1  # every failed connection was closed
-        assert Scripted.requests == 12
+        assert Scripted.requests == 13
         pool.close()
 
     with_scripted_server(pool_checks)

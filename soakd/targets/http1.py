@@ -114,10 +114,15 @@ class _Conn(asyncio.Protocol):
             self.abort()
             waiter.set_exception(BadAnswer(f"not valid HTTP ({exc})", status_class(self._status)))
             return
-        if self._declared > self._pool.max_body or self._size > self._pool.max_body:
+        limit = self._pool.max_body
+        if self._declared > limit or self._size > limit:
             self.abort()  # read no further: a 1 GiB answer costs at most the bound
-            seen = f"of {self._declared} bytes" if self._declared > self._pool.max_body else "over the bound"
-            waiter.set_exception(BadAnswer(f"answer {seen} of {self._pool.max_body} bytes", status_class(self._status)))
+            said = (
+                f"answer of {self._declared} bytes, over the bound of {limit} bytes"
+                if self._declared > limit
+                else f"answer over the bound of {limit} bytes (read no further)"
+            )
+            waiter.set_exception(BadAnswer(said, status_class(self._status)))
         elif self._complete:
             waiter.set_result(self._status)
 
@@ -139,6 +144,9 @@ class _Conn(asyncio.Protocol):
         self._size += len(body)
 
     def on_message_complete(self) -> None:
+        if 100 <= self._status < 200 and self._status != 101:  # 103 Early Hints and the like: the answer follows
+            self._status, self._size, self._declared, self._chunked = 0, 0, -1, False
+            return
         self._complete, self._keep = True, self._parser.should_keep_alive()
 
     # ------------------------------------------------------------------ the pool's side
