@@ -115,6 +115,36 @@ def test_a_served_model_soak_and_sweep_import_no_torch(tmp_path: Path, openai_se
     assert sweep == {"rc": 0, "loaded": ["aiohttp"]}
 
 
+@pytest.fixture
+def plain_http_server() -> Iterator[str]:
+    """tests/http_target_server.py on a free port; its POST /ok URL."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "http_target_server.py"), str(port)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
+        yield f"http://127.0.0.1:{port}/ok"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_plain_http_soak_imports_no_aiohttp(tmp_path: Path, plain_http_server: str) -> None:
+    """`soakd run --api http` finishes (exit 0) on soakd's own HTTP/1.1 client: no aiohttp, whose
+    per-request work was the driver's whole limit (docs/shards.md), and nothing else heavy."""
+    bodies = tmp_path / "bodies"
+    bodies.mkdir()
+    (bodies / "a.json").write_text('{"x": 1}')
+    run = _imports_of(
+        tmp_path,
+        "run",
+        *("--target", plain_http_server, "--api", "http", "--samples", str(bodies), "--warmup", "2"),
+        *("--duration", "1s", "--metrics-addr", f"127.0.0.1:{free_port()}", "--state-dir", str(tmp_path / "state")),
+    )
+    assert run == {"rc": 0, "loaded": []}
+
+
 def test_a_run_refused_before_its_soak_draws_nothing(tmp_path: Path) -> None:
     """A soak of a target that refuses the connection ends with exit 2 before its soak, without
     importing matplotlib (the report's plots, 0.3 s of CPU) or torch."""
