@@ -80,19 +80,28 @@ def test_a_sweep_imports_no_protocol_client(tmp_path: Path) -> None:
     assert got == {"rc": 0, "loaded": ["torch"]}
 
 
-@pytest.fixture
-def openai_server() -> Iterator[str]:
-    """tests/openai_fake_server.py on a free port; its /v1 URL."""
+def _server(script: str, path: str) -> Iterator[str]:
+    """tests/SCRIPT on a free port (it prints "ready" once it listens); its URL at ``path``."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "tests" / "openai_fake_server.py"), str(port)], stdout=subprocess.PIPE, text=True
+        [sys.executable, str(REPO / "tests" / script), str(port)], stdout=subprocess.PIPE, text=True
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
-        yield f"http://127.0.0.1:{port}/v1"
+        yield f"http://127.0.0.1:{port}{path}"
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture
+def openai_server() -> Iterator[str]:
+    yield from _server("openai_fake_server.py", "/v1")
+
+
+@pytest.fixture
+def plain_http_server() -> Iterator[str]:
+    yield from _server("http_target_server.py", "/ok")
 
 
 def test_a_served_model_soak_and_sweep_import_no_torch(tmp_path: Path, openai_server: str) -> None:
@@ -113,21 +122,6 @@ def test_a_served_model_soak_and_sweep_import_no_torch(tmp_path: Path, openai_se
     assert run == {"rc": 0, "loaded": ["aiohttp"]}
     sweep = _imports_of(tmp_path, "sweep", *target, "--concurrency", "1,2", "--step-duration", "1s")
     assert sweep == {"rc": 0, "loaded": ["aiohttp"]}
-
-
-@pytest.fixture
-def plain_http_server() -> Iterator[str]:
-    """tests/http_target_server.py on a free port; its POST /ok URL."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "tests" / "http_target_server.py"), str(port)], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
-        yield f"http://127.0.0.1:{port}/ok"
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_a_plain_http_soak_imports_no_aiohttp(tmp_path: Path, plain_http_server: str) -> None:
