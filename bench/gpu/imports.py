@@ -51,6 +51,7 @@ IMAGE_LACKS: dict[str, str] = {
     "python-rapidjson": "rapidjson",
     "opentelemetry-sdk": "opentelemetry",
     "opentelemetry-exporter-otlp-proto-http": "opentelemetry",
+    "httptools": "httptools",  # only --api http's client (soakd/targets/http1.py); no GPU step drives one
 }
 
 
