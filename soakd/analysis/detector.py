@@ -458,7 +458,8 @@ class Grid:
             # daily cycle or a sawtooth's ramp pass its z-test on fresh and week traces
             # (docs/leak-verdicts.md, #39's fourth round). A leak is not bounded: a strong one
             # outgrows the swings within the hour, a faint one is the long spans' to find.
-            positive, why = False, f"not judged yet: swings of {swing / MIB:.3g} MiB seen in {dur(full.size * p.bin)}"
+            seen = f"swings of {swing / MIB:.3g} MiB seen in {dur(full.size * p.bin)}"
+            positive, why = False, f"not judged yet: {seen}" if unseen else f"a {dur(n * p.bin)} rise within the {seen}"
         if positive and slope - Z90 * se < floor:
             # The floor is judged on the rate's 90% lower bound, as the page's consequence is:
             # a rise just over the threshold is as likely slower than it reads as faster.
