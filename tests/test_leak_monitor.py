@@ -310,3 +310,32 @@ def test_the_live_verdict_and_soakd_analyze_agree(pattern: str, tmp_path: Path) 
         assert live.slope_bytes_per_hour > 0 and offline["slope_bytes_per_hour"] > 0
         assert first_live is not None and first_live <= offline["first_suspected_seconds"] + 1e-6
     assert (pattern == "creep") == (live.state == "leak")
+
+
+def test_a_closing_look_judges_the_samples_after_the_last_scheduled_one(tmp_path: Path) -> None:
+    """A warm-up that levels off slowly (200 MiB, 15 min time constant): a look a minute says
+    "ok" at 54 min, and the samples of the next minute move the data-found end of warm-up later.
+    The run's closing look (the summary's verdict, soakd/run/session.py) then reads what
+    `soakd analyze` of the same recorded series reads, not the stale "ok"."""
+    from soakd.analysis.detector import DetectorParams
+    from soakd.analysis.offline import TraceData, judge_trace
+
+    rng = np.random.default_rng(1)
+    t = np.arange(0.0, 3300.0 + 1e-9, 10.0)
+    v = 60e6 + 200 * MIB * (1 - np.exp(-t / 900.0)) + rng.normal(0, 0.3 * MIB, t.size)
+    t = T0 + t
+    cfg = LeakConfig()
+    store = SeriesStore(capacity=t.size + 10)
+    monitor = LeakMonitor(store, None, cfg, lambda s: None, since=T0)
+    fed = 0
+    for now in np.arange(T0 + 60.0, T0 + 3240.0 + 1e-9, 60.0):
+        hi = int(np.searchsorted(t, now, side="right"))
+        feed(store, "host_rss", t[fed:hi], v[fed:hi])
+        fed = hi
+        monitor.evaluate(float(now))
+    assert monitor.verdicts()["host_rss"].state == "ok"
+    feed(store, "host_rss", t[fed:], v[fed:])
+    closing = monitor.evaluate(float(t[-1]))["host_rss"]
+    offline = judge_trace(TraceData(tmp_path / "host_rss.csv", t, v), DetectorParams.from_config(cfg), {}, 300.0)
+    assert closing.state == offline["state"] == "not_judged"
+    assert closing.reason == "warming up (growth is levelling off)" and closing.reason in offline["reason"]

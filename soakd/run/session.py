@@ -241,7 +241,9 @@ class RunSession:
             if self._fault_warning is not None:
                 offline.setdefault("allocator_warning", self._fault_warning)
             offline["soak_kernel_time_ratio"] = round(rates.kernel_share, 4)
-        verdicts = self.leak.verdicts() if self.leak is not None else {}
+        # A closing look over every sample: the last scheduled one is up to leak.evaluate_interval
+        # old, and `soakd analyze` of the recorded series judges them all (#39: they must agree).
+        verdicts = self.leak.evaluate() if self.leak is not None else {}
         summary = build_summary(
             cfg,
             engine,
