@@ -339,3 +339,25 @@ def test_a_closing_look_judges_the_samples_after_the_last_scheduled_one(tmp_path
     offline = judge_trace(TraceData(tmp_path / "host_rss.csv", t, v), DetectorParams.from_config(cfg), {}, 300.0)
     assert closing.state == offline["state"] == "not_judged"
     assert closing.reason == "warming up (growth is levelling off)" and closing.reason in offline["reason"]
+
+
+def test_the_live_looks_and_a_replay_agree_long_after_warm_up(tmp_path: Path) -> None:
+    """Past the warm-up search (2 h after the floor), the live monitor's looks (a new grid each
+    time, every sample up to then) and a replay's (one grid) find the same end of warm-up: at
+    7 h a settling warm-up under noise is judged over the same span by both."""
+    from soakd.analysis.detector import DetectorParams, Grid, judge
+
+    rng = np.random.default_rng(3)
+    t = np.arange(0.0, 7 * 3600.0 + 1e-9, 10.0)
+    v = 60e6 + 200 * MIB * (1 - np.exp(-t / 1500.0)) + rng.normal(0, 2 * MIB, t.size)
+    params = DetectorParams()
+    grid = Grid(t, v, params, 0.0, float(t[-1]))
+    for end in (3 * 3600.0, 5 * 3600.0, 7 * 3600.0):
+        keep = t <= end
+        live = judge(t[keep], v[keep], params, 2 * MIB, now=end, since=0.0)
+        replayed = grid.look(round(end / params.bin), 2 * MIB)
+        assert (live.start, live.judged_seconds, live.reason) == (
+            replayed.start,
+            replayed.judged_seconds,
+            replayed.reason,
+        )

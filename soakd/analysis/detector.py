@@ -189,22 +189,24 @@ class Grid:
         self.nbins = max(0, math.floor((until - since) / params.bin + 1e-9))
         self.b = bin_minima(t, v, since, params.bin, self.nbins)
         self.last = float(v[-1]) if v.size else math.nan
-        self._knee = 0  # bins; the data-found end of warm-up, once the search has stopped
-        self._knee_final = False
+        self._knee: int | None = None  # bins; the data-found end of warm-up, once the search has stopped
         self._env: dict[tuple[int, int, bool], Array] = {}
         self.cycle_bins = max(1, round((params.cycle_seconds or 0.0) / params.bin))
         self.trough_points = 0  # the trough span (in bins) chosen at the latest look
 
     def warmup_bins(self, m: int) -> int:
-        """Bins of warm-up at a look that has ``m`` complete bins."""
+        """Bins of warm-up at a look that has ``m`` complete bins: the configured floor, or the
+        knee found in the data up to this look, searched up to WARMUP_SEARCH past the floor and
+        fixed from there on. It depends on ``m`` alone, so the live monitor (a new grid every
+        look) and a replay (one grid, looks every few minutes) agree at every look."""
         p = self.params
         floor = math.ceil(p.warmup / p.bin - 1e-9)
-        if self._knee_final:
-            return max(floor, self._knee)
-        knee = self._find_knee(m)
-        if (m * p.bin) > p.warmup + WARMUP_SEARCH:
-            self._knee, self._knee_final = knee, True
-        return max(floor, knee)
+        last = floor + math.ceil(WARMUP_SEARCH / p.bin - 1e-9)
+        if m < last:
+            return max(floor, self._find_knee(m))
+        if self._knee is None:
+            self._knee = self._find_knee(last)
+        return max(floor, self._knee)
 
     def _find_knee(self, m: int) -> int:
         p = self.params
