@@ -52,7 +52,7 @@ import numpy as np
 
 from soakd.analysis.cycles import FIRST, JUDGED, cycle_mean, cycle_rise, hold_reason, stage
 from soakd.analysis.judgement import Z90, Judgement
-from soakd.analysis.settling import steps_lower, unsteady
+from soakd.analysis.settling import jumps, steps_lower, unsteady
 from soakd.analysis.trend import (
     SWING_RISE,
     Array,
@@ -178,6 +178,7 @@ class _Span:
     detectable: float
     why: str
     steps: int = 0  # a staircase: the level shifts it rose by (0: a trend test)
+    counted: float = math.nan  # a rise of jumps (a staircase too): the rate's 90% bound on their count
 
 
 class Grid:
@@ -297,6 +298,7 @@ class Grid:
             judged,
             p_adj < min(1.0, 20 * p.alpha),
             slope_se_bytes_per_hour=shown.se,
+            jumps_lower_bytes_per_hour=shown.counted,
         )
 
     def _choose_troughs(
@@ -396,7 +398,7 @@ class Grid:
         holds = coming and slope >= 0.5 * floor and z >= HOLD_Z
         if not (positive or holds):
             return None
-        return _Span(seg.size, slope, se, p_adj, positive, holds, math.inf, "", len(ups))
+        return _Span(seg.size, slope, se, p_adj, positive, holds, math.inf, "", len(ups), rate)
 
     def _cycle_span(self, y: Array, swing: float, floor: float, judged: float) -> _Span | None:
         """A rise on the same point of the cycle before, far beyond the cycle's swing, as a flagged span."""
@@ -470,11 +472,23 @@ class Grid:
                 False,
                 f"slope {slope / MIB:.2f} MiB/h ({low:.2f} at 90%) below the floor {floor / MIB:.2f} MiB/h",
             )
+        counted = math.nan
+        k = jumps(yd, history, max(2, round(STEP_SETTLE / p.bin))) if positive else 0
+        if k:
+            # A rise of a few jumps with flat stretches between (segments reserved, chunks taken)
+            # is as sure as their count, as a staircase's is: its normal bound overstates it.
+            counted = slope * steps_lower(k, Z90) / k
+            if counted < floor:
+                positive, why = (
+                    False,
+                    f"a rise of {k} jump{'s' if k > 1 else ''}: {counted / MIB:.2f} MiB/h at 90% on their count, "
+                    f"below the floor {floor / MIB:.2f} MiB/h",
+                )
         if positive:
             why = unsteady(yd, history, noise, full, slope, se, per_hour)
             positive = not why
         holds = z >= HOLD_Z and slope >= 0.5 * floor
-        return _Span(n, slope, se, p_adj, positive, holds, detectable, why)
+        return _Span(n, slope, se, p_adj, positive, holds, detectable, why, 0, counted)
 
 
 def judge(

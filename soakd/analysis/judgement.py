@@ -24,13 +24,16 @@ class Judgement:
     building: bool = False  # suspicion is building (p within 20x of alpha)
     levelling: bool = False  # not judged: the data show warm-up lasting past its floor
     slope_se_bytes_per_hour: float = math.nan  # the shown slope's standard error at the noise
+    jumps_lower_bytes_per_hour: float = math.nan  # a rise made of jumps: its rate's 90% bound on their count
 
     @property
     def slope_lower_bytes_per_hour(self) -> float:
         """A one-sided 90% lower bound on the rate: what a page's consequence is judged on (a
         short span's slope that just crossed the threshold is as likely too steep as not)."""
         se = self.slope_se_bytes_per_hour
-        return self.slope_bytes_per_hour - Z90 * (se if math.isfinite(se) else 0.0)
+        normal = self.slope_bytes_per_hour - Z90 * (se if math.isfinite(se) else 0.0)
+        counted = self.jumps_lower_bytes_per_hour
+        return min(normal, counted) if math.isfinite(counted) else normal
 
     @property
     def judged(self) -> bool:
