@@ -115,7 +115,7 @@ def test_a_staircase_is_a_leak_an_allocator_settling_or_a_level_given_back_is_no
 def test_steps_lower_is_the_poisson_chi_square_bound() -> None:
     from scipy.stats import chi2
 
-    from soakd.analysis.settling import steps_lower
+    from soakd.analysis.jumps import steps_lower
 
     for k in (3, 5, 10, 40):
         exact = chi2.ppf(0.1, 2 * k) / 2  # P(count >= k | mean) = 0.1 at this mean

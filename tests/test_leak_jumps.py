@@ -8,7 +8,7 @@ import numpy as np
 
 from soakd.analysis.detector import DetectorParams, judge
 from soakd.analysis.judgement import Z90
-from soakd.analysis.settling import jumps, steps_lower
+from soakd.analysis.jumps import jumps, steps_lower
 
 MIB = float(1 << 20)
 LAG = 15  # 15 min at 1 min bins: the detector's STEP_SETTLE
@@ -33,6 +33,19 @@ def test_a_ramp_of_the_same_rise_is_not_jumps() -> None:
     span = quiet_history(rng, 120) + np.linspace(0.0, 18 * MIB, 120)
     history = np.concatenate([quiet_history(rng), span])
     assert jumps(span, history, LAG) == 0
+
+
+def test_a_leak_s_onset_is_not_a_jump_until_a_flat_stretch_follows() -> None:
+    """A rise in the newest 10 min may be a leak that has just begun: no jump yet. The same
+    rise 20 min before the end, flat since, is one."""
+    rng = np.random.default_rng(3)
+    onset = quiet_history(rng, 120)
+    onset[110:] += np.linspace(2.0, 20.0, 10) * MIB
+    history = np.concatenate([quiet_history(rng), onset])
+    assert jumps(onset, history, LAG) == 0
+    done = quiet_history(rng, 120)
+    done[98:] += 20 * MIB
+    assert jumps(done, np.concatenate([quiet_history(rng), done]), LAG) == 1
 
 
 def test_noise_alone_is_not_jumps() -> None:

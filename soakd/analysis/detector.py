@@ -52,7 +52,8 @@ import numpy as np
 
 from soakd.analysis.cycles import FIRST, JUDGED, cycle_mean, cycle_rise, hold_reason, stage
 from soakd.analysis.judgement import Z90, Judgement
-from soakd.analysis.settling import jumps, steps_lower, unsteady
+from soakd.analysis.jumps import counted_rate, steps_lower
+from soakd.analysis.settling import unsteady
 from soakd.analysis.trend import (
     SWING_RISE,
     Array,
@@ -250,8 +251,9 @@ class Grid:
         swing = largest_fall(self.b[:m])
         # Under a known cycle: its second cycle under the early looks' bars, then per-cycle means.
         early = None if not cyc else not smooth or judged_for < SEEN * p.window
+        raw = self.b[:m]
         results = [
-            self._span(yk, quiet, n, floor, self._envelope(kk, 0, smooth)[:m], judged_for, swing, early, hold)
+            self._span(yk, quiet, n, floor, self._envelope(kk, 0, smooth)[:m], raw, judged_for, swing, early, hold)
             for n, (_, kk, yk, quiet) in sorted(chosen.items())
         ]
         stair = self._staircase(y[-win:], floor, judged_for)
@@ -418,6 +420,7 @@ class Grid:
         n: int,
         floor: float,
         full: Array,
+        raw: Array,
         judged: float,
         swing: float = 0.0,
         early: bool | None = None,
@@ -472,18 +475,11 @@ class Grid:
                 False,
                 f"slope {slope / MIB:.2f} MiB/h ({low:.2f} at 90%) below the floor {floor / MIB:.2f} MiB/h",
             )
-        counted = math.nan
-        k = jumps(yd, history, max(2, round(STEP_SETTLE / p.bin))) if positive else 0
-        if k:
-            # A rise of a few jumps with flat stretches between (segments reserved, chunks taken)
-            # is as sure as their count, as a staircase's is: its normal bound overstates it.
-            counted = slope * steps_lower(k, Z90) / k
-            if counted < floor:
-                positive, why = (
-                    False,
-                    f"a rise of {k} jump{'s' if k > 1 else ''}: {counted / MIB:.2f} MiB/h at 90% on their count, "
-                    f"below the floor {floor / MIB:.2f} MiB/h",
-                )
+        # A rise of a few jumps with flat stretches between (segments reserved, chunks taken) is
+        # as sure as their count, as a staircase's is: its normal bound overstates it.
+        k, counted = counted_rate(slope, raw, history.size, n, max(2, round(STEP_SETTLE / p.bin)))
+        if positive and k and counted < floor:
+            positive, why = False, f"a rise of {k} jump(s): {counted / MIB:.2f} MiB/h at 90% on their count"
         if positive:
             why = unsteady(yd, history, noise, full, slope, se, per_hour)
             positive = not why
