@@ -171,8 +171,7 @@ class _Conn(asyncio.Protocol):
 class Pool:
     """Up to ``limit`` keep-alive connections to ``endpoint``; :meth:`request` sends one request.
 
-    Runs on one event loop. ``clock`` is the soak's; ``on_sent`` is called once a connection is
-    in hand, just before the request goes out (its send time)."""
+    Runs on one event loop: the one running when it is made (timers and waiters are its)."""
 
     def __init__(
         self,
@@ -199,7 +198,8 @@ class Pool:
         """Send ``head`` (from :meth:`Endpoint.head`) with ``body``; the answer's status once its
         body is read. Raises TimeoutError past ``timeout``, OSError when the connection fails,
         :class:`Disconnected` when the server closes it first, BadAnswer for an answer that is
-        not HTTP or is over ``max_body``."""
+        not HTTP or is over ``max_body``. ``on_sent`` is called once a connection is in hand,
+        just before the request goes out (its send time)."""
         loop = self._loop
         deadline = loop.time() + timeout
         conn = self._idle.pop() if self._idle else await self._acquire(deadline)
