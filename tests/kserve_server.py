@@ -25,7 +25,7 @@ from typing import Any
 parser = argparse.ArgumentParser()
 parser.add_argument("http_port", type=int)
 parser.add_argument("grpc_port", type=int)
-parser.add_argument("--leak-mib", type=int, default=1)
+parser.add_argument("--leak-mib", type=float, default=1.0)  # fractional: a faint leak (KiB a request)
 parser.add_argument("--stall-ms", type=float, default=200.0)
 parser.add_argument("--stall-every", type=int, default=40)
 parser.add_argument("--lengths-file", default=None)
@@ -39,7 +39,7 @@ from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse 
 
 
 class Tiny(kserve.Model):  # type: ignore[misc]
-    def __init__(self, name: str, *, leak_mib: int = 0, stall_ms: float = 0.0, stall_every: int = 0) -> None:
+    def __init__(self, name: str, *, leak_mib: float = 0.0, stall_ms: float = 0.0, stall_every: int = 0) -> None:
         super().__init__(name)
         self.leak_mib, self.stall_ms, self.stall_every = leak_mib, stall_ms, stall_every
         torch.manual_seed(0)
@@ -60,7 +60,7 @@ class Tiny(kserve.Model):  # type: ignore[misc]
         if self.stall_every and self.calls % self.stall_every == 0:
             time.sleep(self.stall_ms / 1000)  # blocks the loop: every request behind it waits too
         if self.leak_mib:
-            block = bytearray(self.leak_mib << 20)
+            block = bytearray(int(self.leak_mib * (1 << 20)))
             block[::4096] = b"\x01" * len(block[::4096])  # touch each page: resident, not just mapped
             self.kept.append(block)
         data = payload.inputs[0].as_numpy()

@@ -48,6 +48,18 @@ def test_a_leak_s_onset_is_not_a_jump_until_a_flat_stretch_follows() -> None:
     assert jumps(done, np.concatenate([quiet_history(rng), done]), LAG) == 1
 
 
+def test_a_step_that_is_over_counts_before_it_is_15_min_old() -> None:
+    """A step made within a minute and flat for 6 min since is over: an allocator's new
+    segment, not a leak's onset (which keeps rising every minute). It counts as one jump, so a
+    15 min span that holds it is judged on one jump's count; 2 min after it, it may still go on."""
+    rng = np.random.default_rng(4)
+    for age, counted in ((7, 1), (3, 0)):
+        span = quiet_history(rng, 15)
+        span[15 - age :] += 6 * MIB
+        history = np.concatenate([quiet_history(rng), span])
+        assert jumps(span, history, LAG) == counted, age
+
+
 def test_noise_alone_is_not_jumps() -> None:
     rng = np.random.default_rng(2)
     span = quiet_history(rng, 120)

@@ -30,18 +30,23 @@ def _spread(history: Array, max_lag: int) -> tuple[float, float] | None:
     return _robust_spread(d) if d.size >= 5 else None
 
 
-def _stretches(y: Array, history: Array, max_lag: int, limit: int) -> tuple[list[list[int]], Array]:
-    """The stretches of jumps in ``y`` ([first, last] points, in order) and ``y`` without them."""
+def _stands_out(size: float, lag: int, short: int, centre: float, spread: float) -> bool:
+    return size > max(centre, 0.0) * lag / short + JUMP_SIGMAS * spread
+
+
+def _stretches(y: Array, history: Array, max_lag: int, limit: int) -> tuple[list[list[int]], Array, bool]:
+    """The stretches of jumps in ``y`` ([first, last] points, in order), ``y`` without them, and
+    whether ``y``'s newest change lag holds no change that stands out (growth has stopped)."""
     short = max(1, max_lag // 3)
     got = _spread(history, short) if y.size >= 3 and history.size > max_lag + 2 else None
     if got is None:
-        return [], y
+        return [], y, False
     centre, spread = got
     out = y.copy()
     found: list[tuple[int, int]] = []
     for _ in range(limit):
         size, at, lag = _largest_change(out, short)
-        if size <= max(centre, 0.0) * lag / short + JUMP_SIGMAS * spread:
+        if not _stands_out(size, lag, short, centre, spread):
             break
         _shift_out(out, size, at, lag)
         found.append((at, at + lag))
@@ -51,20 +56,24 @@ def _stretches(y: Array, history: Array, max_lag: int, limit: int) -> tuple[list
             stretches[-1][1] = max(stretches[-1][1], last)
         else:
             stretches.append([first, last])
-    return stretches, out
+    size, _, lag = _largest_change(y[-(short + 1) :], short)
+    return stretches, out, not _stands_out(size, lag, short, centre, spread)
 
 
 def jumps(y: Array, history: Array, max_lag: int, limit: int = 8) -> int:
     """How many jumps make the rise of ``y`` (bin minima ending ``history``), or 0 when it is not
     made of jumps: a ramp among them, ``y`` without them still rising by JUMP_SHARE of its rise,
-    or the newest within ``max_lag`` points of the end, which may still be going on (a leak that
-    has just begun reads as a jump until it goes on)."""
+    or the newest still going on: within ``max_lag`` points of the end, unless it was short
+    and growth has stopped since (a leak that has just begun reads as a jump until it goes on;
+    an allocator's new segment is over within a minute)."""
     n = y.size
-    stretches, out = _stretches(y, history, max_lag, limit)
+    stretches, out, stopped = _stretches(y, history, max_lag, limit)
     rise = ols_slope(y) * (n - 1) if n >= 2 else 0.0
     if not stretches or rise <= 0 or ols_slope(out) * (n - 1) >= JUMP_SHARE * rise:
         return 0
-    if any(last - first > max_lag for first, last in stretches) or n - 1 - stretches[-1][1] < max_lag:
+    first, last = stretches[-1]
+    over = n - 1 - last >= max_lag or (stopped and last - first <= max(1, max_lag // 3))
+    if any(b - a > max_lag for a, b in stretches) or not over:
         return 0
     return len(stretches)
 
