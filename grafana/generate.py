@@ -310,6 +310,19 @@ STAGES = ["e2e", "queue", "inference", "preprocess", "postprocess"]
 OK_BAD = value_map({"0": ("down", "red"), "1": ("up", "green")})
 
 
+def leak_verdicts(sel: str) -> str:
+    """Per series: 0 no trend, 1 leak suspected (paged), 2 a finding (a rise not worth a page:
+    creep or allocator retention); a soakd without soakd_leak_finding reads 0 or 1."""
+    by = "max by (instance, series)"
+    return (
+        f"{by} (soakd_leak_suspected{{{sel}}}) + 2 * "
+        f"({by} (soakd_leak_finding{{{sel}}}) or {by} (soakd_leak_suspected{{{sel}}}) * 0)"
+    )
+
+
+LEAK_STATES = value_map({"0": ("no trend", "green"), "1": ("leak suspected", "red"), "2": ("finding", "yellow")})
+
+
 def overview() -> Json:
     lat = "instance_stage:soakd_request_duration_seconds"
     stage_var: Json = {
@@ -644,12 +657,13 @@ def overview() -> Json:
         state_timeline(
             "Leak verdicts",
             [
-                target(f"soakd_leak_suspected{{{SEL}}}", "{{instance}} {{series}}"),
+                target(leak_verdicts(SEL), "{{instance}} {{series}}"),
             ],
-            value_map({"0": ("no trend", "green"), "1": ("leak suspected", "red")}),
+            LEAK_STATES,
             w=12,
             description="soakd's own trend test per memory series, after warm-up. SoakdMemoryLeakSuspected "
-            "fires when one stays red for 15 minutes.",
+            "fires when one stays red for 15 minutes; yellow is a rise not worth a page (slow creep, "
+            "allocator retention: SoakdMemoryGrowthFinding, info).",
         ),
         panel(
             "Memory trend per hour",
@@ -1077,12 +1091,12 @@ def memory() -> Json:
         state_timeline(
             "Served model leak verdicts",
             [
-                target(f'soakd_leak_suspected{{{SEL}, series=~"target_.*"}}', "{{instance}} {{series}}"),
+                target(leak_verdicts(SEL + ', series=~"target_.*"'), "{{instance}} {{series}}"),
             ],
-            value_map({"0": ("no trend", "green"), "1": ("leak suspected", "red")}),
+            LEAK_STATES,
             w=12,
             description="The trend test on the served model's series. SoakdTargetLeakSuspected fires after 15 "
-            "minutes suspected.",
+            "minutes suspected; yellow is a rise not worth a page (SoakdMemoryGrowthFinding, info).",
         ),
         row("Leak verdicts"),
         panel(
@@ -1097,9 +1111,9 @@ def memory() -> Json:
         state_timeline(
             "Leak verdicts",
             [
-                target(f"soakd_leak_suspected{{{SEL}}}", "{{instance}} {{series}}"),
+                target(leak_verdicts(SEL), "{{instance}} {{series}}"),
             ],
-            value_map({"0": ("no trend", "green"), "1": ("leak suspected", "red")}),
+            LEAK_STATES,
             w=12,
         ),
     ]

@@ -41,6 +41,12 @@ def gauge(metrics: Metrics, name: str, series: str) -> float:
     return value
 
 
+def finding_gauges(metrics: Metrics, series: str) -> dict[str, float | None]:
+    """soakd_leak_finding per kind: what the info alert SoakdMemoryGrowthFinding reads."""
+    get = metrics.registry.get_sample_value
+    return {k: get("soakd_leak_finding", {"series": series, "finding": k}) for k in ("creep", "allocator_retention")}
+
+
 class Events:
     def __init__(self) -> None:
         self.items: list[tuple[str, dict[str, Any]]] = []
@@ -227,6 +233,7 @@ def test_creep_beyond_the_horizon_is_a_finding_not_a_page(traces: dict[str, tupl
     assert "beyond the" in v.reason and v.as_dict()["finding"] == "creep"
     assert gauge(metrics, "leak_suspected", "host_rss") == 0
     assert gauge(metrics, "memory_exhaustion_eta_seconds", "host_rss") == pytest.approx(100 * 3600, rel=0.05)
+    assert finding_gauges(metrics, "host_rss") == {"creep": 1.0, "allocator_retention": 0.0}
     assert [k for k, _ in events.items] == ["leak_finding"]
     # Within the horizon the same rise pages.
     store2, events2 = SeriesStore(), Events()
@@ -252,6 +259,7 @@ def test_growth_that_malloc_trim_gives_back_is_not_paged(traces: dict[str, tuple
     v = monitor.verdicts()["host_rss"]
     assert (v.state, v.finding) == ("ok", "allocator_retention") and "malloc_trim gave back" in v.reason
     assert gauge(metrics, "leak_suspected", "host_rss") == 0
+    assert finding_gauges(metrics, "host_rss") == {"creep": 0.0, "allocator_retention": 1.0}
     ((kind, detail),) = events.items
     assert kind == "leak_finding" and detail["allocator_retention"] is True and len(trims) == 1
 

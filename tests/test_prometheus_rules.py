@@ -83,7 +83,7 @@ def test_alerts_follow_the_mixin_style() -> None:
     assert len(names) == len(set(names)), names
     for a in alerts():
         assert re.fullmatch(r"Soakd[A-Z][A-Za-z0-9]*", a["alert"]), a["alert"]
-        assert a["labels"]["severity"] in ("critical", "warning"), a
+        assert a["labels"]["severity"] in ("critical", "warning", "info"), a
         assert a["annotations"]["summary"].strip() and a["annotations"]["description"].strip(), a
 
 
@@ -103,6 +103,7 @@ def test_the_required_alerts_exist() -> None:
         "SoakdDown",
         "SoakdTargetDown",
         "SoakdTargetLeakSuspected",
+        "SoakdMemoryGrowthFinding",
     }
     exprs = {a["alert"]: a["expr"] for a in alerts()}
     assert "predict_linear" in exprs["SoakdGPUMemoryExhaustionPredicted"]
@@ -111,6 +112,8 @@ def test_the_required_alerts_exist() -> None:
     assert 'series=~"target_.*"' in exprs["SoakdTargetLeakSuspected"]
     assert 'series!~"target_.*"' in exprs["SoakdMemoryLeakSuspected"]
     assert {a["alert"]: a.get("for") for a in alerts()}["SoakdTargetDown"] == "1m"
+    # Slow creep and allocator retention are findings: an info alert, never a page (#39).
+    assert {a["alert"]: a["labels"]["severity"] for a in alerts()}["SoakdMemoryGrowthFinding"] == "info"
 
 
 def test_every_alert_has_a_quiet_and_a_firing_case() -> None:

@@ -44,6 +44,9 @@ log = logging.getLogger("soakd.leak")
 OnEvent = Callable[[str, dict[str, Any]], None]
 Limits = Callable[[str], "float | None"]  # headroom in bytes before the series' limit; None: unknown
 MIB = float(1 << 20)
+# A rise that is not paged: "creep" (the headroom outlasts leak.horizon), "allocator_retention"
+# (malloc_trim gave the growth back). soakd_leak_finding{finding} and SoakdMemoryGrowthFinding.
+FINDINGS = ("creep", "allocator_retention")
 
 
 def host_available() -> float:
@@ -83,7 +86,7 @@ class Verdict:
     judged_seconds: float  # span of data judged
     reason: str
     judgement: Judgement
-    finding: str = ""  # a rise that is not paged: "creep" (beyond the horizon) | "allocator_retention"
+    finding: str = ""  # a rise that is not paged: one of FINDINGS
 
     @classmethod
     def of(cls, series: str, suspected: bool, j: Judgement, eta: float, finding: str = "", why: str = "") -> Verdict:
@@ -306,6 +309,8 @@ class LeakMonitor:
         m.leak_p_value.labels(s).set(j.p_value if math.isfinite(j.slope_bytes_per_hour) else math.nan)
         m.memory_exhaustion_eta.labels(s).set(v.eta_seconds)
         m.leak_detectable_slope.labels(s).set(v.detectable_slope_bytes_per_hour)
+        for kind in FINDINGS:  # every kind exported, so the info alert resolves when a finding ends
+            m.leak_finding.labels(s, kind).set(1 if v.finding == kind else 0)
 
     def _report(self, v: Verdict, now: float, evidence: dict[str, Any]) -> None:
         j = v.judgement

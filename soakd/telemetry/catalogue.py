@@ -363,6 +363,13 @@ class Metrics:
             ["series"],
             registry=r,
         )
+        self.leak_finding = Gauge(
+            p + "leak_finding",
+            "1 while the series rises but is not paged: finding = creep (the headroom outlasts leak.horizon)"
+            " | allocator_retention (malloc_trim gave the growth back)",
+            ["series", "finding"],
+            registry=r,
+        )
         self.memory_exhaustion_eta = Gauge(
             p + "memory_exhaustion_eta_seconds",
             "Time to the limit at the current slope (+Inf: never)",
