@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from soakd.analysis.detector import DetectorParams, judge
+from soakd.analysis.detector import judge
 from soakd.analysis.judgement import Z90
 from soakd.analysis.jumps import jumps, steps_lower
+from soakd.analysis.params import DetectorParams
 
 MIB = float(1 << 20)
 LAG = 15  # 15 min at 1 min bins: the detector's STEP_SETTLE

@@ -294,8 +294,8 @@ def test_the_live_verdict_and_soakd_analyze_agree(pattern: str, tmp_path: Path) 
     `soakd analyze` (a replay every 5 min): one state, one slope sign, and the live flag no
     later than the replay's (its looks are a superset)."""
     from soakd.analysis.corpus import generate
-    from soakd.analysis.detector import DetectorParams
     from soakd.analysis.offline import TraceData, judge_trace
+    from soakd.analysis.params import DetectorParams
 
     tr = generate(pattern, 1, duration=3 * 3600.0)
     t, v = T0 + tr.t, tr.v
@@ -325,8 +325,8 @@ def test_a_closing_look_judges_the_samples_after_the_last_scheduled_one(tmp_path
     "ok" at 54 min, and the samples of the next minute move the data-found end of warm-up later.
     The run's closing look (the summary's verdict, soakd/run/session.py) then reads what
     `soakd analyze` of the same recorded series reads, not the stale "ok"."""
-    from soakd.analysis.detector import DetectorParams
     from soakd.analysis.offline import TraceData, judge_trace
+    from soakd.analysis.params import DetectorParams
 
     rng = np.random.default_rng(1)
     t = np.arange(0.0, 3300.0 + 1e-9, 10.0)
@@ -353,7 +353,8 @@ def test_the_live_looks_and_a_replay_agree_long_after_warm_up(tmp_path: Path) ->
     """Past the warm-up search (2 h after the floor), the live monitor's looks (a new grid each
     time, every sample up to then) and a replay's (one grid) find the same end of warm-up: at
     7 h a settling warm-up under noise is judged over the same span by both."""
-    from soakd.analysis.detector import DetectorParams, Grid, judge
+    from soakd.analysis.detector import Grid, judge
+    from soakd.analysis.params import DetectorParams
 
     rng = np.random.default_rng(3)
     t = np.arange(0.0, 7 * 3600.0 + 1e-9, 10.0)

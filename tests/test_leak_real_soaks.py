@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from soakd.analysis.detector import DEFAULT_FLOOR_BYTES_PER_HOUR, DetectorParams
+from soakd.analysis.params import DEFAULT_FLOOR_BYTES_PER_HOUR, DetectorParams
 from soakd.analysis.replay import Replay, replay
 
 TRACES = Path(__file__).parent / "fixtures" / "traces"

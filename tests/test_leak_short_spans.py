@@ -12,7 +12,7 @@ import pytest
 
 from bench.leak import fresh_traces as fresh
 from bench.leak import week_traces as week
-from soakd.analysis.detector import DEFAULT_FLOOR_BYTES_PER_HOUR, DetectorParams
+from soakd.analysis.params import DEFAULT_FLOOR_BYTES_PER_HOUR, DetectorParams
 from soakd.analysis.replay import replay
 
 HOURS = 6 * 3600.0

@@ -34,7 +34,8 @@ from bench.leak import fresh_traces as fresh
 from bench.leak import heldout_traces as held
 from bench.leak import week_traces as week
 from soakd.analysis import corpus
-from soakd.analysis.detector import DEFAULT_FLOOR_BYTES_PER_HOUR, MIB, DetectorParams
+from soakd.analysis.detector import MIB
+from soakd.analysis.params import DEFAULT_FLOOR_BYTES_PER_HOUR, DetectorParams
 from soakd.analysis.replay import replay
 
 
@@ -73,6 +74,7 @@ class Outcome:
     rate: float  # bytes/hour
     start: float
     paged: bool = False  # some suspicion reached the page rate (--headroom): someone was woken
+    ttp: float | None = None  # seconds from leak start to the page (leaks; None: not paged)
 
 
 HORIZON = 30 * 86400.0  # leak.horizon's default
@@ -92,7 +94,8 @@ def judge_one(args: tuple[str, str, int, DetectorParams, float, float, float, fl
     ttv = (after[0] - s) if leaking and after else None
     # A leak's page counts once the leak has begun (an earlier one is a false page, as "detected" reads flags).
     paged = r.first_paged_at is not None and (not leaking or r.first_paged_at >= s)
-    return Outcome(which, shape, seed, leaking, r.suspected, bool(ups), ttv is not None, ttv, rate, s, paged)
+    ttp = r.first_paged_at - s if leaking and paged and r.first_paged_at is not None else None
+    return Outcome(which, shape, seed, leaking, r.suspected, bool(ups), ttv is not None, ttv, rate, s, paged, ttp)
 
 
 def pct(k: int, n: int) -> str:
@@ -135,11 +138,15 @@ def report(name: str, rows: list[Outcome]) -> None:
         worst = min(by, key=lambda s: sum(o.detected for o in by[s]) / len(by[s]) if by[s][0].leaking else 2)
         strong = [o.ttv for o in leak if o.ttv is not None and o.rate >= 100 * MIB]
         mid = [o.ttv for o in leak if o.ttv is not None and 15 * MIB <= o.rate <= 27 * MIB]
+        strong_p = [o.ttp for o in leak if o.ttp is not None and o.rate >= 100 * MIB]
+        mid_p = [o.ttp for o in leak if o.ttp is not None and 15 * MIB <= o.rate <= 27 * MIB]
         print(
             f"detection within 6 h (n={len(leak)}): {pct(sum(o.detected for o in leak), len(leak))} "
             f"(worst {worst}: {pct(sum(o.detected for o in by[worst]), len(by[worst]))}); median time to "
             f"verdict: all {median_min([o.ttv for o in leak if o.ttv is not None]).strip()}, >=100 MiB/h "
-            f"{median_min(strong).strip()} (n={len(strong)}), 15-27 MiB/h {median_min(mid).strip()} (n={len(mid)})"
+            f"{median_min(strong).strip()} (n={len(strong)}), 15-27 MiB/h {median_min(mid).strip()} (n={len(mid)}); "
+            f"to the page: >=100 MiB/h {median_min(strong_p).strip()} (n={len(strong_p)}), "
+            f"15-27 MiB/h {median_min(mid_p).strip()} (n={len(mid_p)})"
         )
         missed = [f"{o.shape}#{o.seed}({o.rate / MIB:.0f})" for o in leak if not o.detected]
         if missed:

@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.leak import fresh_traces as fresh
 from bench.leak.heldout_traces import Array
-from soakd.analysis.detector import DEFAULT_FLOOR_BYTES_PER_HOUR
+from soakd.analysis.params import DEFAULT_FLOOR_BYTES_PER_HOUR
 
 MIB = float(1 << 20)
 H = 3600.0

@@ -27,15 +27,14 @@ At every look (every evaluation of the live monitor, every step of a replay):
     every epoch is alpha), shared equally among the spans and, within a span, among the
     epoch's L / d independent looks at a span of d seconds: a Bonferroni bound over a
     countable set of looks, so a week-long soak is as safe as a day;
-  * a flagged span must also grow at least at the series' floor (bytes/hour) and must not be
-    settling (:func:`soakd.analysis.settling.unsteady`): a leak's rate does not decay.
-  * a staircase (three or more level shifts up within the window, none given back, still
-    coming, not at ever longer gaps as an allocator settling steps) is a leak too when its
-    trend stands out from the noise without the shifts and its rate, scaled by the step
-    count's 90% Poisson lower bound, reaches the floor: taking out the largest shift hides
-    it from the span tests, whose noise holds the other shifts.
-The verdict flips on the first flagged look; it clears after its signs (some span rising at
-z >= 2 and half the floor) have been gone for ``persistence`` seconds.
+  * a flagged span must grow at least at the series' floor and not be settling
+    (:func:`soakd.analysis.settling.unsteady`): a leak's rate does not decay;
+  * a staircase (three or more level shifts up, none given back, still coming, not at ever
+    longer gaps) is a leak too when its trend stands out from the noise without the shifts
+    and its rate at the step count's 90% Poisson bound reaches the floor.
+The verdict flips on the first flagged look and clears after its signs (a span rising at
+z >= 2 and half the floor) are gone for ``persistence``; early on, it pages only when fast
+(:mod:`soakd.analysis.pages`).
 
 Every look also gives the detectable slope: the smallest leak flagged with 90% probability
 at the fitted noise (early looks' bars included), over the spans judged so far. Pure numpy
@@ -45,14 +44,15 @@ at the fitted noise (early looks' bars included), over the spans judged so far. 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
 from soakd.analysis.cycles import FIRST, JUDGED, cycle_mean, cycle_rise, hold_reason, stage
 from soakd.analysis.judgement import Z90, Judgement
 from soakd.analysis.jumps import counted_rate, steps_lower
+from soakd.analysis.pages import early_page_rate
+from soakd.analysis.params import DetectorParams
 from soakd.analysis.settling import unsteady
 from soakd.analysis.trend import (
     SWING_RISE,
@@ -71,13 +71,8 @@ from soakd.analysis.trend import (
     warmup_end,
     z_for,
 )
-from soakd.names import TARGET_METRIC_PREFIX
 
 MIB = float(1 << 20)
-DAY = 86400.0
-DEFAULT_FLOOR_BYTES_PER_HOUR = 2 * MIB
-DEFAULT_WINDOW = 6 * 3600.0
-ACCELERATED_BELOW = 1800.0  # a window shorter than this is an accelerated run
 HOLD_Z = 2.0
 WARMUP_SEARCH = 2 * 3600.0  # the data-found end of warm-up is looked for this long past the floor
 KNEE_POINTS = 60  # the knee search runs on at most this many points
@@ -91,81 +86,6 @@ STEP_SETTLE = 900.0  # seconds: a level shift that settles within this counts as
 SHORT_SPANS = 2  # spans up to this many shortest ones (15 and 30 min) always rise past the swings seen
 SEEN = 1.0 / 3  # of the window (2 h of 6 h): less judged history than this has not shown slow swings turn
 FAR = 2.0  # before that, a span is flagged only at this many times its threshold z
-
-
-@dataclass(frozen=True)
-class DetectorParams:
-    warmup: float = 900.0  # seconds ignored at the start of the run (a floor: the data may say later)
-    window: float = 6 * 3600.0  # seconds of history judged at most (the longest span)
-    trough_span: float = 1800.0  # seconds; the trailing minimum rides out sawtooth up to this period
-    bin: float = 60.0  # seconds between trough points
-    alpha: float = 0.01  # false-alarm probability over a whole leak-free run, however long
-    persistence: float = 1800.0  # seconds a suspected verdict's signs must be gone before it clears
-    min_span: float = 900.0  # seconds: the shortest span judged
-    floor_scale: float = 1.0  # the slope floor's factor: time runs this much faster (accelerated runs)
-    cycle_seconds: float | None = None  # a known load period: judged per cycle (soakd.analysis.cycles)
-
-    @classmethod
-    def from_config(cls, leak: Any) -> DetectorParams:
-        """From a :class:`soakd.config.LeakConfig` (duck-typed: fields it lacks keep defaults).
-
-        A window shorter than the default time scales (an accelerated test run) scales them
-        down with it: the shortest span, the trough span and the persistence hold at most a
-        third of the window, points at most a thirtieth apart."""
-        names = ("warmup", "window", "trough_span", "bin", "alpha", "persistence", "min_span")
-        kw = {f: getattr(leak, f) for f in names if getattr(leak, f, None) is not None}
-        return cls(**kw, cycle_seconds=getattr(leak, "cycle", None)).scaled()
-
-    def scaled(self) -> DetectorParams:
-        w = self.window
-        bin_ = min(self.bin, w / 30.0)
-        # A window under 30 min is an accelerated run (a test, a demo): time runs faster by
-        # the default window's ratio, and so does a leak in bytes/hour; the floor scales too
-        # (else a fresh interpreter's first minute of allocations is a "leak").
-        scale = DEFAULT_WINDOW / w if w < ACCELERATED_BELOW else 1.0
-        return replace(
-            self,
-            bin=bin_,
-            trough_span=min(self.trough_span, w / 3.0),
-            min_span=max(min(self.min_span, w / 3.0), 5 * bin_),
-            persistence=min(self.persistence, w / 3.0),
-            floor_scale=scale,
-        )
-
-    @property
-    def spans(self) -> list[int]:
-        """Span lengths judged, in points: min_span doubling, up to the window."""
-        lo = max(5, round(self.min_span / self.bin))
-        hi = max(lo, round(self.window / self.bin))
-        out = []
-        n = lo
-        while n < hi:
-            out.append(n)
-            n *= 2
-        return [*out, hi]
-
-    def span_alpha(self, points: int, judged: float = 0.0) -> float:
-        """The one-sided p-value a span of ``points`` must beat after ``judged`` seconds of
-        judging: alpha spent over epochs of judged time (see the module docstring)."""
-        unit = max(DAY, self.window)
-        j = 0 if judged < unit else 1 + math.floor(math.log2(judged / unit))
-        epoch = unit * (1 if j == 0 else 2 ** (j - 1))  # lengths 1, 1, 2, 4 ... units
-        share = self.alpha * 6.0 / (math.pi**2 * (j + 1) ** 2)
-        return share * points * self.bin / (len(self.spans) * epoch)
-
-
-def floor_for(series: str, table: dict[str, float] | None, scale: float = 1.0) -> float:
-    """The series' slope floor from the ``leak.min_slope_bytes_per_hour`` table ("default" key);
-    the built-in default times ``scale`` (``DetectorParams.floor_scale``) when the table has none.
-
-    A scraped server gauge (``target_metric:NAME``) is in its own unit (a ratio, a count,
-    microseconds), not bytes: only its own entry applies, else no floor (any rise the trend
-    test is sure of)."""
-    table = table or {}
-    if series.startswith(TARGET_METRIC_PREFIX):
-        return float(table.get(series, 0.0))
-    got = table.get(series, table.get("default"))
-    return float(got) if got is not None else DEFAULT_FLOOR_BYTES_PER_HOUR * scale
 
 
 @dataclass
@@ -251,6 +171,7 @@ class Grid:
         swing = largest_fall(self.b[:m])
         # Under a known cycle: its second cycle under the early looks' bars, then per-cycle means.
         early = None if not cyc else not smooth or judged_for < SEEN * p.window
+        early_look = judged_for < SEEN * p.window if early is None else early  # slow swings not yet seen
         raw = self.b[:m]
         results = [
             self._span(yk, quiet, n, floor, self._envelope(kk, 0, smooth)[:m], raw, judged_for, swing, early, hold)
@@ -274,24 +195,11 @@ class Grid:
         detectable = min(r.detectable for r in results)
         # every trough point judged (the noise), the longest trend span within; a cycle mean holds a cycle
         judged = (y.size + (self.cycle_bins - 1 if smooth else 0)) * p.bin
-        if flagged and best.steps:
-            reason = (
-                f"troughs step up {best.steps} times over the last {dur(best.points * p.bin)}, never given back "
-                f"({best.slope / MIB:.2f} MiB/h, p={p_adj:.2g} over the run)"
-            )
-        elif flagged:
-            reason = (
-                f"troughs rise {best.slope / MIB:.2f} MiB/h over the last {dur(best.points * p.bin)} "
-                f"(p={p_adj:.2g} over the run)"
-            )
-        else:
-            why = next((r.why for r in results if r.why), "")
-            reason = f"no leak above {detectable / MIB:.3g} MiB/h after {dur(judged)}" + (f" ({why})" if why else "")
         return Judgement(
             bool(flagged),
             shown.slope,
             p_adj,
-            reason,
+            _reason(best if flagged else None, results, detectable, judged, p.bin),
             now - judged,
             int(y.size),
             self.last,
@@ -301,6 +209,7 @@ class Grid:
             p_adj < min(1.0, 20 * p.alpha),
             slope_se_bytes_per_hour=shown.se,
             jumps_lower_bytes_per_hour=shown.counted,
+            early_page_bytes_per_hour=early_page_rate(m * p.bin, p.floor_scale) if early_look else 0.0,
         )
 
     def _choose_troughs(
@@ -485,6 +394,20 @@ class Grid:
             positive = not why
         holds = z >= HOLD_Z and slope >= 0.5 * floor
         return _Span(n, slope, se, p_adj, positive, holds, detectable, why, 0, counted)
+
+
+def _reason(flagged: _Span | None, results: list[_Span], detectable: float, judged: float, bin_: float) -> str:
+    """The look's reason: the flagged span (``flagged``), or "no leak above" with the first why."""
+    if flagged is not None:
+        over, p_adj = dur(flagged.points * bin_), flagged.p_adj
+        if flagged.steps:
+            return (
+                f"troughs step up {flagged.steps} times over the last {over}, never given back "
+                f"({flagged.slope / MIB:.2f} MiB/h, p={p_adj:.2g} over the run)"
+            )
+        return f"troughs rise {flagged.slope / MIB:.2f} MiB/h over the last {over} (p={p_adj:.2g} over the run)"
+    why = next((r.why for r in results if r.why), "")
+    return f"no leak above {detectable / MIB:.3g} MiB/h after {dur(judged)}" + (f" ({why})" if why else "")
 
 
 def judge(

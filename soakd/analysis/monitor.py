@@ -26,9 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from soakd.analysis.detector import DetectorParams, floor_for, judge
+from soakd.analysis.detector import SEEN, judge
 from soakd.analysis.evidence import CUDA_SERIES, HOST_SERIES, TARGET_HOST_SERIES, CudaHistory, Evidence
 from soakd.analysis.judgement import Judgement
+from soakd.analysis.pages import early_why, held_early
+from soakd.analysis.params import DetectorParams, floor_for
 from soakd.analysis.replay import Persistence
 from soakd.names import TARGET_METRIC_PREFIX
 from soakd.state import default_state_dir
@@ -45,8 +47,9 @@ OnEvent = Callable[[str, dict[str, Any]], None]
 Limits = Callable[[str], "float | None"]  # headroom in bytes before the series' limit; None: unknown
 MIB = float(1 << 20)
 # A rise that is not paged: "creep" (the headroom outlasts leak.horizon), "allocator_retention"
-# (malloc_trim gave the growth back). soakd_leak_finding{finding} and SoakdMemoryGrowthFinding.
-FINDINGS = ("creep", "allocator_retention")
+# (malloc_trim gave the growth back), "early" (too slow to page before the series' swings could
+# show: soakd.analysis.pages). soakd_leak_finding{finding} and SoakdMemoryGrowthFinding.
+FINDINGS = ("creep", "allocator_retention", "early")
 
 
 def host_available() -> float:
@@ -173,8 +176,9 @@ class LeakMonitor:
         if self.evidence is not None:
             self.evidence.close()
 
-    def evaluate(self, now: float | None = None) -> dict[str, Verdict]:
-        """Judge every series that has data; update gauges; report flips. Returns the verdicts."""
+    def evaluate(self, now: float | None = None, *, final: bool = False) -> dict[str, Verdict]:
+        """Judge every series that has data; update gauges; report flips. Returns the verdicts.
+        ``final``: the run's closing look, which has no later to wait for (no early hold)."""
         with self._lock:
             now = self.clock() if now is None else now
             if self.evidence is not None:
@@ -188,7 +192,8 @@ class LeakMonitor:
                 if t.size == 0:
                     continue
                 try:
-                    self._evaluate_one(name, t, v, now, since=self.since if reset is None else max(self.since, reset))
+                    since = self.since if reset is None else max(self.since, reset)
+                    self._evaluate_one(name, t, v, now, since=since, final=final)
                 except Exception:  # one bad series must not stop the others
                     log.exception("leak evaluation of %s failed", name)
             return dict(self._verdicts)
@@ -204,7 +209,7 @@ class LeakMonitor:
         lock: copying a dict is atomic under the GIL, and /status must not wait for an evaluation."""
         return dict(self._verdicts)
 
-    def _evaluate_one(self, name: str, t: Any, v: Any, now: float, *, since: float) -> None:
+    def _evaluate_one(self, name: str, t: Any, v: Any, now: float, *, since: float, final: bool = False) -> None:
         floor = floor_for(name, self.cfg.min_slope_bytes_per_hour, self.params.floor_scale)
         j = judge(t, v, self.params, floor, now=now, since=since)
         state = self._states.setdefault(name, Persistence(self.params.persistence))
@@ -219,6 +224,8 @@ class LeakMonitor:
             # A rise the detector is sure of: page it only when it matters within the horizon,
             # and only if the allocator does not give it back (probed once per rise).
             finding, why = self._beyond_horizon(name, j)
+            if not finding and held_early(j, final=final):  # swings not yet seen may explain it
+                finding, why = "early", early_why(j, SEEN * self.params.window)
             if not finding:  # worth a page: the evidence may still show the allocator keeps it
                 evidence = self._evidence(name, j, now)
                 finding, why = self._retention(evidence)

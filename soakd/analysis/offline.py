@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from soakd.analysis.detector import DetectorParams, floor_for
+from soakd.analysis.params import DetectorParams, floor_for
 from soakd.analysis.replay import Replay, replay
 from soakd.config import load_config
 from soakd.errors import Exit

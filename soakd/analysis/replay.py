@@ -7,8 +7,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from soakd.analysis.detector import DetectorParams, Grid
+from soakd.analysis.detector import Grid
 from soakd.analysis.judgement import Judgement
+from soakd.analysis.pages import held_early
+from soakd.analysis.params import DetectorParams
 from soakd.analysis.trend import Array
 
 
@@ -67,7 +69,8 @@ def replay(
 
     ``page_above`` (bytes/hour: headroom / ``leak.horizon``) is the live monitor's page rule
     without its evidence: a suspected verdict pages at the first look whose slope's 90% lower
-    bound reaches it."""
+    bound reaches it, and, before the series' swings could show, the early rate
+    (:mod:`soakd.analysis.pages`; not at the last look: the end of a run has no later)."""
     if t.size == 0:
         return Replay(Judgement(False, math.nan, 1.0, "no data"), False, None)
     t0, t_end = float(t[0]), float(t[-1])
@@ -91,6 +94,7 @@ def replay(
                 first_at = at
                 if stop_on_flag:
                     break
-        if state.suspected and paged_at is None and j.slope_lower_bytes_per_hour >= page_above:
+        fast = j.slope_lower_bytes_per_hour >= page_above and not held_early(j, final=m == looks[-1])
+        if state.suspected and paged_at is None and fast:
             paged_at = at
     return Replay(j, state.suspected, first_at, flips, len(looks), paged_at)

@@ -242,8 +242,9 @@ class RunSession:
                 offline.setdefault("allocator_warning", self._fault_warning)
             offline["soak_kernel_time_ratio"] = round(rates.kernel_share, 4)
         # A closing look over every sample: the last scheduled one is up to leak.evaluate_interval
-        # old, and `soakd analyze` of the recorded series judges them all (#39: they must agree).
-        verdicts = self.leak.evaluate() if self.leak is not None else {}
+        # old, and `soakd analyze` of the recorded series judges them all (#39: they must agree);
+        # final: the end of a run has no later, so a rise is not held back as "early".
+        verdicts = self.leak.evaluate(final=True) if self.leak is not None else {}
         summary = build_summary(
             cfg,
             engine,

@@ -15,7 +15,8 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from soakd.analysis.detector import DetectorParams, floor_for, judge
+from soakd.analysis.detector import judge
+from soakd.analysis.params import DetectorParams, floor_for
 from soakd.analysis.trend import theil_sen
 from soakd.config import LeakConfig
 from soakd.record.types import MemorySeries
