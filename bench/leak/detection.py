@@ -102,6 +102,10 @@ def pct(k: int, n: int) -> str:
     return f"{100.0 * k / n:5.1f}%" if n else "    -"
 
 
+def mins(x: float | None) -> str:
+    return "never" if x is None else f"{x / 60:.0f} min in"
+
+
 def median_min(xs: list[float]) -> str:
     return f"{statistics.median(xs) / 60:5.0f} min" if xs else "        -"
 
@@ -177,6 +181,7 @@ def main() -> int:
         "that [phases] schedule would (#39)",
     )
     ap.add_argument("--floor", type=float, default=DEFAULT_FLOOR_BYTES_PER_HOUR, help="bytes/hour")
+    ap.add_argument("--traces", action="store_true", help="also list each leak: its rate, first flag and page")
     ap.add_argument(
         "--headroom",
         type=float,
@@ -220,6 +225,9 @@ def main() -> int:
         rows = [o for o in out if o.corpus == name]
         if rows:
             report(name, rows)
+            if ns.traces:
+                for o in (o for o in rows if o.leaking):
+                    print(f"  {o.shape}#{o.seed} {o.rate / MIB:.1f} MiB/h: flagged {mins(o.ttv)}, paged {mins(o.ttp)}")
     print(f"\nbench time {time.perf_counter() - t0:.0f} s on {ns.jobs} worker(s)")
     return 0
 
