@@ -114,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--leak-warmup", dest="leak.warmup", metavar="DUR", help=_flag_help("leak.warmup"))
     analyze.add_argument("--leak-window", dest="leak.window", metavar="DUR", help=_flag_help("leak.window"))
     analyze.add_argument("--cycle", dest="leak.cycle", metavar="DUR", help=_flag_help("leak.cycle"))
+    analyze.add_argument(
+        "--headroom",
+        metavar="SIZE",
+        help="memory each series had left (8GiB): a rise that would not exhaust it within leak.horizon is "
+        "a finding (creep, exit 0), as the live page rule says; none: every rise the test is sure of is a leak",
+    )
     analyze.add_argument("files", metavar="FILE", nargs="+")
 
     # ---- report / compare (issue: reports and gates)

@@ -173,3 +173,23 @@ def test_a_span_it_cannot_bin_is_refused_not_allocated(
     out, err = capsys.readouterr()
     assert f"{bad}: timestamps span" in err and what in err
     assert [json.loads(line)["file"] for line in out.splitlines()] == [str(good)]
+
+
+def test_headroom_applies_the_live_page_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--headroom judges as the live monitor pages: 5 MiB/h against 64 GiB outlasts the 30 d
+    horizon by far, a finding ("creep", exit 0) where no headroom makes it a leak (exit 1); against
+    100 MiB it is a leak again. A size that is not one is refused, naming the flag (exit 2)."""
+    rng = np.random.default_rng(3)
+    t = np.arange(0.0, 4 * 3600.0, 10.0)
+    v = 1e9 + rng.normal(0.0, 0.3 * 2**20, t.size) + t / 3600.0 * 5 * 2**20
+    path = write_trace(tmp_path / "host_rss.csv", 1.7e9 + t, v)
+    assert main(["analyze", "--json", str(path)]) == 1
+    assert json.loads(capsys.readouterr().out)["state"] == "leak"
+    assert main(["analyze", "--json", "--headroom", "64GiB", str(path)]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert (row["state"], row["finding"], row["leak_suspected"]) == ("ok", "creep", True)
+    assert row["reason"].startswith("slow creep, not paged")
+    assert main(["analyze", "--json", "--headroom", "100 MiB", str(path)]) == 1
+    assert json.loads(capsys.readouterr().out)["state"] == "leak"
+    assert main(["analyze", "--headroom", "64GB", str(path)]) == 2
+    assert "--headroom" in capsys.readouterr().err

@@ -29,7 +29,7 @@ import psutil
 from soakd.analysis.detector import SEEN, judge
 from soakd.analysis.evidence import CUDA_SERIES, HOST_SERIES, TARGET_HOST_SERIES, CudaHistory, Evidence
 from soakd.analysis.judgement import Judgement
-from soakd.analysis.pages import early_why, held_early
+from soakd.analysis.pages import beyond_horizon, early_why, held_early
 from soakd.analysis.params import DetectorParams, floor_for
 from soakd.analysis.replay import Persistence
 from soakd.names import TARGET_METRIC_PREFIX
@@ -261,15 +261,8 @@ class LeakMonitor:
         headroom = self.limits(name)
         if headroom is None:
             return "", ""  # the consequence cannot be measured, so it cannot be ruled out
-        horizon = self.cfg.horizon
-        lower = j.slope_lower_bytes_per_hour
-        eta = max(0.0, headroom) / (lower / 3600.0) if lower > 0 else math.inf
-        if eta > horizon:
-            return "creep", (
-                f"slow creep, not paged: the headroom may last {eta / 86400:.3g} d or more, "
-                f"beyond the {horizon / 86400:.3g} d horizon"
-            )
-        return "", ""
+        why = beyond_horizon(j, headroom, self.cfg.horizon)
+        return ("creep", why) if why else ("", "")
 
     @staticmethod
     def _retention(evidence: dict[str, Any]) -> tuple[str, str]:

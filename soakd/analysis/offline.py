@@ -20,9 +20,11 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from soakd.analysis.pages import beyond_horizon
 from soakd.analysis.params import DetectorParams, floor_for
 from soakd.analysis.replay import Replay, replay
 from soakd.config import load_config
+from soakd.config.parse import parse_size
 from soakd.errors import Exit
 from soakd.telemetry.catalogue import LEAK_SERIES
 
@@ -108,13 +110,27 @@ def _num(x: float | None, digits: int | None = None) -> float | None:
     return round(x, digits) if digits is not None else float(x)
 
 
-def judge_trace(trace: TraceData, params: DetectorParams, table: dict[str, float], step: float) -> dict[str, Any]:
-    """The verdict for one trace as a JSON-ready dict."""
+def judge_trace(
+    trace: TraceData,
+    params: DetectorParams,
+    table: dict[str, float],
+    step: float,
+    headroom: tuple[float, float] | None = None,
+) -> dict[str, Any]:
+    """The verdict for one trace as a JSON-ready dict. ``headroom``: (bytes, leak.horizon seconds),
+    the live page rule: a rise that would not exhaust the bytes within the horizon is a finding
+    ("creep"), not a leak; None: every rise the test is sure of is a leak."""
     series = trace.path.stem if trace.path.stem in LEAK_SERIES else "default"
-    r: Replay = replay(trace.t, trace.v, params, floor_for(series, table, params.floor_scale), step=step)
+    page_above = headroom[0] / (headroom[1] / 3600.0) if headroom else 0.0
+    floor = floor_for(series, table, params.floor_scale)
+    r: Replay = replay(trace.t, trace.v, params, floor, step=step, page_above=page_above)
     j = r.final
     judged = j.judged
-    state = "leak" if r.suspected else "ok" if judged and math.isfinite(j.detectable_bytes_per_hour) else "not_judged"
+    creep = beyond_horizon(j, *headroom) if headroom and r.suspected and not r.paged else ""
+    if r.suspected and not creep:
+        state = "leak"
+    else:
+        state = "ok" if judged and math.isfinite(j.detectable_bytes_per_hour) else "not_judged"
     return {
         "file": str(trace.path),
         "state": state,
@@ -126,7 +142,8 @@ def judge_trace(trace: TraceData, params: DetectorParams, table: dict[str, float
         "first_suspected_seconds": _num(r.first_suspected_at, 1),
         "samples": int(trace.t.size),
         "duration_seconds": _num(float(trace.t[-1] - trace.t[0]), 1) if trace.t.size else 0.0,
-        "reason": _reason(r, state) if trace.t.size else "no data",
+        "reason": (f"{creep} ({j.reason})" if creep else _reason(r, state)) if trace.t.size else "no data",
+        "finding": "creep" if creep else None,
     }
 
 
@@ -165,6 +182,13 @@ def analyze_command(ns: argparse.Namespace, out: TextIO | None = None, err: Text
     err = err or sys.stderr
     leak = _leak_config(ns)
     params = DetectorParams.from_config(leak)
+    headroom = None
+    if getattr(ns, "headroom", None) is not None:
+        try:
+            headroom = (parse_size(ns.headroom), leak.horizon)
+        except ValueError as exc:
+            print(f"soakd analyze: error: --headroom: {exc}", file=err)
+            return Exit.USAGE
     # Live evaluation runs every evaluate_interval; replaying every 5 min (or 1/30 of a short
     # window) finds the same verdicts at a fraction of the looks.
     step = max(leak.evaluate_interval, params.bin, min(300.0, params.window / 30))
@@ -181,7 +205,7 @@ def analyze_command(ns: argparse.Namespace, out: TextIO | None = None, err: Text
             print(f"soakd analyze: error: {exc}", file=err)
             failed += 1
             continue
-        result = judge_trace(trace, params, table, step)
+        result = judge_trace(trace, params, table, step, headroom)
         leaking += result["state"] == "leak"
         if ns.json:
             print(json.dumps(result), file=out)

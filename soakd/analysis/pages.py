@@ -56,3 +56,16 @@ def early_why(j: Judgement, seen: float) -> str:
         f"not yet seen may explain it; it pages above {j.early_page_bytes_per_hour / MIB:.3g} MiB/h now, "
         f"and at its own rate once {dur(seen)} are judged"
     )
+
+
+def beyond_horizon(j: Judgement, headroom: float, horizon: float) -> str:
+    """Why the rise is slow creep, not a page: at its rate's 90% lower bound (a page's consequence
+    likely, not just possible) ``headroom`` bytes outlast ``horizon`` seconds; "" when they do not."""
+    lower = j.slope_lower_bytes_per_hour
+    eta = max(0.0, headroom) / (lower / 3600.0) if lower > 0 else math.inf
+    if eta <= horizon:
+        return ""
+    return (
+        f"slow creep, not paged: the headroom may last {eta / 86400:.3g} d or more, "
+        f"beyond the {horizon / 86400:.3g} d horizon"
+    )

@@ -52,6 +52,7 @@ class Replay:
     flips: list[tuple[float, bool]] = field(default_factory=list)
     evaluations: int = 0
     first_paged_at: float | None = None  # the first suspicion fast enough to page (``page_above``)
+    paged: bool = False  # the suspicion that holds at the end has paged (as the live state "leak")
 
 
 def replay(
@@ -84,17 +85,20 @@ def replay(
     flips: list[tuple[float, bool]] = []
     first_at: float | None = None
     paged_at: float | None = None
+    paged = False  # within the suspicion that holds now
     j = Judgement(False, math.nan, 1.0, "warming up")
     for m in looks:
         j = grid.look(m, floor)
         at = m * params.bin
         if state.update(t0 + at, j.keeps(state.suspected), j.refutes):
             flips.append((at, state.suspected))
+            paged = paged and state.suspected
             if state.suspected and first_at is None:
                 first_at = at
                 if stop_on_flag:
                     break
         fast = j.slope_lower_bytes_per_hour >= page_above and not held_early(j, final=m == looks[-1])
-        if state.suspected and paged_at is None and fast:
-            paged_at = at
-    return Replay(j, state.suspected, first_at, flips, len(looks), paged_at)
+        if state.suspected and fast:
+            paged_at = at if paged_at is None else paged_at
+            paged = True
+    return Replay(j, state.suspected, first_at, flips, len(looks), paged_at, paged)

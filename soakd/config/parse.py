@@ -37,6 +37,25 @@ def parse_duration(value: str | float | int) -> float:
     return total
 
 
+_SIZE_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+_SIZE = re.compile(r"\s*([0-9][0-9.eE+-]*)\s*([A-Za-z]*)\s*")
+
+
+def parse_size(value: str) -> float:
+    """Parse ``8GiB``, ``512 MiB`` or a plain number of bytes into bytes (binary units only, the
+    ones soakd prints). ValueError for anything else, or a size that is not positive."""
+    m = _SIZE.fullmatch(value)
+    try:
+        if m is None:
+            raise ValueError
+        size = float(m.group(1)) * _SIZE_UNITS[m.group(2)]
+    except (KeyError, ValueError):
+        raise ValueError(f"expected a size such as 8GiB or 512MiB, got {value!r}") from None
+    if not math.isfinite(size) or size <= 0:
+        raise ValueError(f"size must be a positive number of bytes, got {value!r}")
+    return size
+
+
 def _parse_duration_text(value: str) -> float:
     text = value.strip()
     if not text:
