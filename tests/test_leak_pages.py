@@ -108,3 +108,17 @@ def test_the_end_of_a_run_has_no_later() -> None:
     closing = monitor.evaluate(T0 + 1.0 * H, final=True)["host_rss"]
     assert closing.state == "leak", closing.reason
     assert replay(t, v, DetectorParams(), 2 * MIB, step=300.0).suspected
+
+
+def test_a_held_finding_never_reads_as_no_leak() -> None:
+    """A rise still held by its signs whose 90% lower bound is no longer above zero: the finding
+    says its rate may be nil, not that the headroom lasts "inf d"."""
+    from soakd.analysis.judgement import Judgement
+    from soakd.analysis.monitor import Verdict
+    from soakd.analysis.pages import beyond_horizon
+
+    held = Judgement(False, 0.7 * MIB, 0.5, "no leak above 5.91 MiB/h after 1.22 h", slope_se_bytes_per_hour=MIB)
+    why = beyond_horizon(held, HEADROOM, 30 * 86400.0)
+    assert "may be nil" in why and "inf" not in why
+    verdict = Verdict.of("host_rss", False, held, float("inf"), "creep", why)
+    assert "no leak above" not in verdict.reason and "still holding: troughs rise 0.70 MiB/h" in verdict.reason

@@ -98,8 +98,9 @@ class Verdict:
         reason = j.reason
         if suspected and not j.positive:  # kept by its signs: say so, never "no leak above ..."
             reason = f"leak suspected and still holding: troughs rise {j.slope_bytes_per_hour / MIB:.2f} MiB/h"
-        if finding:
-            reason = f"{why} ({j.reason})"
+        if finding:  # a finding held by its signs shows the rise that holds it, never "no leak above"
+            held = f"still holding: troughs rise {j.slope_bytes_per_hour / MIB:.2f} MiB/h"
+            reason = f"{why} ({j.reason if j.positive else held})"
         return cls(
             series,
             state,

@@ -62,7 +62,9 @@ def beyond_horizon(j: Judgement, headroom: float, horizon: float) -> str:
     """Why the rise is slow creep, not a page: at its rate's 90% lower bound (a page's consequence
     likely, not just possible) ``headroom`` bytes outlast ``horizon`` seconds; "" when they do not."""
     lower = j.slope_lower_bytes_per_hour
-    eta = max(0.0, headroom) / (lower / 3600.0) if lower > 0 else math.inf
+    if lower <= 0:  # a verdict held by its signs whose rate may now be nil
+        return "slow creep, not paged: its rate may be nil at 90%, so the headroom may never run out"
+    eta = max(0.0, headroom) / (lower / 3600.0)
     if eta <= horizon:
         return ""
     return (
