@@ -189,3 +189,20 @@ def test_the_bounds_help_states_are_the_bounds_enforced() -> None:
                     except ConfigError as exc:
                         assert not str(exc).startswith(f"{key.path}: must be"), exc
     assert checked >= 30
+
+
+@pytest.mark.parametrize(
+    ("text", "size"), [("8GiB", 8 << 30), ("512 MiB", 512 << 20), ("1024", 1024), ("1.5KiB", 1536)]
+)
+def test_sizes_parse_in_binary_units(text: str, size: int) -> None:
+    from soakd.config.parse import parse_size
+
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["8GB", "8 gib", "GiB", "-1GiB", "0", "1.2.3MiB", "inf"])
+def test_a_size_that_is_none_is_refused_by_name(text: str) -> None:
+    from soakd.config.parse import parse_size
+
+    with pytest.raises(ValueError, match="size"):
+        parse_size(text)

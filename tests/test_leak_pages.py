@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from soakd.analysis.monitor import LeakMonitor
-from soakd.analysis.pages import early_page_rate, goal_rate
+from soakd.analysis.judgement import Judgement
+from soakd.analysis.monitor import LeakMonitor, Verdict
+from soakd.analysis.pages import beyond_horizon, early_page_rate, goal_rate
 from soakd.analysis.params import DetectorParams
 from soakd.analysis.replay import replay
 from soakd.config import LeakConfig
@@ -113,10 +114,6 @@ def test_the_end_of_a_run_has_no_later() -> None:
 def test_a_held_finding_never_reads_as_no_leak() -> None:
     """A rise still held by its signs whose 90% lower bound is no longer above zero: the finding
     says its rate may be nil, not that the headroom lasts "inf d"."""
-    from soakd.analysis.judgement import Judgement
-    from soakd.analysis.monitor import Verdict
-    from soakd.analysis.pages import beyond_horizon
-
     held = Judgement(False, 0.7 * MIB, 0.5, "no leak above 5.91 MiB/h after 1.22 h", slope_se_bytes_per_hour=MIB)
     why = beyond_horizon(held, HEADROOM, 30 * 86400.0)
     assert "may be nil" in why and "inf" not in why

@@ -95,12 +95,11 @@ class Verdict:
     def of(cls, series: str, suspected: bool, j: Judgement, eta: float, finding: str = "", why: str = "") -> Verdict:
         judged = j.judged and math.isfinite(j.detectable_bytes_per_hour)
         state = "leak" if suspected else "ok" if judged else "not_judged"
-        reason = j.reason
-        if suspected and not j.positive:  # kept by its signs: say so, never "no leak above ..."
-            reason = f"leak suspected and still holding: troughs rise {j.slope_bytes_per_hour / MIB:.2f} MiB/h"
-        if finding:  # a finding held by its signs shows the rise that holds it, never "no leak above"
-            held = f"still holding: troughs rise {j.slope_bytes_per_hour / MIB:.2f} MiB/h"
-            reason = f"{why} ({j.reason if j.positive else held})"
+        # A rise kept by its signs says so and shows the rise that holds it, never "no leak above".
+        shown = j.reason if j.positive else f"still holding: troughs rise {j.slope_bytes_per_hour / MIB:.2f} MiB/h"
+        reason = f"leak suspected and {shown}" if suspected and not j.positive else j.reason
+        if finding:
+            reason = f"{why} ({shown})"
         return cls(
             series,
             state,

@@ -10,9 +10,9 @@ run's start: a leak cannot have begun before it). A slower rise is reported as a
 ("early") and pages once 2 h of judging have not shown a swing that explains it. The end of a
 run (the summary's closing look, ``soakd analyze``) has no later and judges without the hold.
 
-Measured on the week traces (seeds 0-9, 6 h, 8 GiB of headroom): leak-free runs paged 12.5% ->
-6.2% (a sawtooth's first ramp, a 4-8 h load cycle's first rise), leaks of 100 MiB/h and more
-paged a median 45 -> 50 min from their start (docs/leak-verdicts.md, #39's sixth round).
+Graded on unseen week traces (seeds 500-509, 6 h, 8 GiB of headroom): leak-free runs paged
+11.2% -> 7.5% (a sawtooth's first ramp, a 4-8 h load cycle's first rise), leaks of 100 MiB/h
+and more paged a median 46 -> 50 min from their start (docs/leak-verdicts.md, #39's sixth round).
 """
 
 from __future__ import annotations

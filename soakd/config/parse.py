@@ -45,15 +45,20 @@ def parse_size(value: str) -> float:
     """Parse ``8GiB``, ``512 MiB`` or a plain number of bytes into bytes (binary units only, the
     ones soakd prints). ValueError for anything else, or a size that is not positive."""
     m = _SIZE.fullmatch(value)
-    try:
-        if m is None:
-            raise ValueError
-        size = float(m.group(1)) * _SIZE_UNITS[m.group(2)]
-    except (KeyError, ValueError):
-        raise ValueError(f"expected a size such as 8GiB or 512MiB, got {value!r}") from None
+    number = _float_or_none(m.group(1)) if m else None
+    if m is None or number is None or m.group(2) not in _SIZE_UNITS:
+        raise ValueError(f"expected a size such as 8GiB or 512MiB, got {value!r}")
+    size = number * _SIZE_UNITS[m.group(2)]
     if not math.isfinite(size) or size <= 0:
         raise ValueError(f"size must be a positive number of bytes, got {value!r}")
     return size
+
+
+def _float_or_none(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def _parse_duration_text(value: str) -> float:
