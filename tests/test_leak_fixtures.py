@@ -42,7 +42,9 @@ def test_leak_free_models_are_ok_and_say_how_faint_a_leak_could_hide(capsys: pyt
     for name, r in rows.items():
         assert r["state"] == "ok" and r["leak_suspected"] is False
         detectable = float(r["detectable_slope_bytes_per_hour"])  # type: ignore[arg-type]
-        assert 360 * MIB_H <= detectable < (1000 if name.startswith("noop") else 4000) * MIB_H
+        # convnet's bound: 4.15e3 MiB/h since the judged history starts with the trough envelope's
+        # first full window (40 s of these 3-minute histories), 1.55e3 before.
+        assert 360 * MIB_H <= detectable < (1000 if name.startswith("noop") else 5000) * MIB_H
         assert str(r["reason"]).startswith("no leak above ")
 
 

@@ -166,7 +166,10 @@ class Grid:
                 False, math.nan, 1.0, reason, start, 0, self.last, judged_seconds=(m - w) * p.bin, levelling=levelling
             )
         spans = sorted(chosen)
-        _, self.trough_points, y, _ = chosen[spans[-1]]
+        # The history shown: the widest envelope chosen (each width's history starts once its
+        # first window is full, so the widths' longest spans differ).
+        top = max(spans, key=lambda n: (chosen[n][1], n))
+        _, self.trough_points, y, _ = chosen[top]
         judged_for = (m - w) * p.bin  # the alpha spending's clock
         swing = largest_fall(self.b[:m])
         # Under a known cycle: its second cycle under the early looks' bars, then per-cycle means.
@@ -177,7 +180,8 @@ class Grid:
             self._span(yk, quiet, n, floor, self._envelope(kk, 0, smooth)[:m], raw, judged_for, swing, early, hold)
             for n, (_, kk, yk, quiet) in sorted(chosen.items())
         ]
-        stair = self._staircase(y[-win:], floor, judged_for)
+        longest = results[spans.index(top)]
+        stair = self._staircase_of(chosen, win, floor, judged_for)
         if stair is not None:
             results.insert(0, stair)  # never the longest span shown for "no leak"
         rise = (
@@ -187,10 +191,10 @@ class Grid:
             results.insert(0, rise)
         flagged = [r for r in results if r.positive]
         best = min(flagged or results, key=lambda r: r.p_adj)
-        # A clear verdict shows the longest, steadiest span; one that only holds shows the span
+        # A clear verdict shows the widest envelope's longest span; one that only holds shows the span
         # that holds it, so a verdict kept by its signs never reads as a falling slope.
         holding = [r for r in results if r.holds]
-        shown = best if flagged else min(holding, key=lambda r: r.p_adj) if holding else results[-1]
+        shown = best if flagged else min(holding, key=lambda r: r.p_adj) if holding else longest
         p_adj = best.p_adj
         detectable = min(r.detectable for r in results)
         # every trough point judged (the noise), the longest trend span within; a cycle mean holds a cycle
@@ -261,7 +265,7 @@ class Grid:
             got = (
                 cycle_mean(self._envelope(k, start), self.cycle_bins)
                 if smooth
-                else trailing_min(self.b, k, start=start)
+                else trailing_min(self.b, k, start=start, full=True)
             )
             self._env[key] = got
         return got
@@ -270,6 +274,18 @@ class Grid:
         p = self.params
         k = max(1, round(p.trough_span / p.bin))
         return sorted({kk for kk in (1, k // 6, k // 3, k) if kk >= 1}, reverse=True)  # widest first
+
+    def _staircase_of(
+        self, chosen: dict[int, tuple[float, int, Array, Array]], win: int, floor: float, judged: float
+    ) -> _Span | None:
+        """A staircase in the widest envelope chosen that shows one. On a wide envelope of a
+        quiet series the steps can be most of the changes that happen, and the spread
+        level_shifts measures them against is then their own size; a narrower one sees them."""
+        for _, _, hist, _ in sorted({c[1]: c for c in chosen.values()}.values(), key=lambda c: -c[1]):
+            stair = self._staircase(hist[-win:], floor, judged)
+            if stair is not None:
+                return stair
+        return None
 
     def _staircase(self, y: Array, floor: float, judged: float) -> _Span | None:
         """A staircase: level shifts up, STAIR_STEPS or more within the window, none given back,

@@ -234,9 +234,11 @@ def bin_minima(t: Array, v: Array, origin: float, bin_seconds: float, nbins: int
     return out
 
 
-def trailing_min(y: Array, k: int, start: int = 0) -> Array:
+def trailing_min(y: Array, k: int, start: int = 0, full: bool = False) -> Array:
     """Trailing minimum over ``k`` points of ``y[start:]``, never reaching before ``start``
-    (the first points take the minimum so far). nan points are skipped (a gap)."""
+    (the first points take the minimum so far; with ``full`` they are nan: a minimum of fewer
+    points reads higher, so every history judged would start with a fall). nan points are
+    skipped (a gap)."""
     seg = y[start:]
     if seg.size == 0 or k <= 1:
         return seg.copy()
@@ -244,6 +246,8 @@ def trailing_min(y: Array, k: int, start: int = 0) -> Array:
     pad = np.concatenate([np.full(k - 1, np.inf), np.where(np.isnan(seg), np.inf, seg)])
     out = np.lib.stride_tricks.sliding_window_view(pad, k).min(axis=1)
     out[np.isinf(out)] = np.nan
+    if full:
+        out[: k - 1] = np.nan
     return np.asarray(out, dtype=np.float64)
 
 
