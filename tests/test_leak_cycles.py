@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from bench.leak import week_traces as week
-from soakd.analysis.detector import MIB, Grid
+from soakd.analysis.detector import Grid
 from soakd.analysis.monitor import monitor_for_run
-from soakd.analysis.params import DetectorParams, floor_for
+from soakd.analysis.params import MIB, DetectorParams, floor_for
 from soakd.analysis.replay import replay
 from soakd.cli import main
 from soakd.config import load_config

@@ -10,9 +10,9 @@ import pymannkendall as mk
 import pytest
 from scipy.stats import theilslopes
 
-from soakd.analysis.corpus import LEAK_FREE, LEAKING, MIB, generate
+from soakd.analysis.corpus import LEAK_FREE, LEAKING, generate
 from soakd.analysis.detector import judge
-from soakd.analysis.params import DetectorParams, floor_for
+from soakd.analysis.params import MIB, DetectorParams, floor_for
 from soakd.analysis.replay import Persistence, replay
 from soakd.analysis.trend import (
     lower_envelope,

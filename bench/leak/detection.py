@@ -34,8 +34,7 @@ from bench.leak import fresh_traces as fresh
 from bench.leak import heldout_traces as held
 from bench.leak import week_traces as week
 from soakd.analysis import corpus
-from soakd.analysis.detector import MIB
-from soakd.analysis.params import DEFAULT_FLOOR_BYTES_PER_HOUR, DetectorParams
+from soakd.analysis.params import DEFAULT_FLOOR_BYTES_PER_HOUR, MIB, DetectorParams
 from soakd.analysis.replay import replay
 
 

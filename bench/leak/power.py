@@ -32,8 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.leak import heldout_traces as held
-from soakd.analysis.detector import MIB
-from soakd.analysis.params import DEFAULT_FLOOR_BYTES_PER_HOUR, DetectorParams
+from soakd.analysis.params import DEFAULT_FLOOR_BYTES_PER_HOUR, MIB, DetectorParams
 from soakd.analysis.replay import replay
 
 HOUR = 3600.0

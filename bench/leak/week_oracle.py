@@ -28,8 +28,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.leak import week_traces as week
-from soakd.analysis.detector import MIB, judge
-from soakd.analysis.params import DEFAULT_FLOOR_BYTES_PER_HOUR, DetectorParams
+from soakd.analysis.detector import judge
+from soakd.analysis.params import DEFAULT_FLOOR_BYTES_PER_HOUR, MIB, DetectorParams
 
 H = 3600.0
 SKIP = 900.0  # soakd's warm-up floor

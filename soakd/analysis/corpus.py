@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-MIB = float(1 << 20)
+from soakd.analysis.params import MIB
+
 HOUR = 3600.0
 MINUTE = 60.0
 

@@ -52,7 +52,7 @@ from soakd.analysis.cycles import FIRST, JUDGED, cycle_mean, cycle_rise, hold_re
 from soakd.analysis.judgement import Z90, Judgement
 from soakd.analysis.jumps import counted_rate, steps_lower
 from soakd.analysis.pages import early_page_rate
-from soakd.analysis.params import DetectorParams
+from soakd.analysis.params import MIB, DetectorParams
 from soakd.analysis.settling import unsteady
 from soakd.analysis.trend import (
     SWING_RISE,
@@ -72,7 +72,6 @@ from soakd.analysis.trend import (
     z_for,
 )
 
-MIB = float(1 << 20)
 HOLD_Z = 2.0
 WARMUP_SEARCH = 2 * 3600.0  # the data-found end of warm-up is looked for this long past the floor
 KNEE_POINTS = 60  # the knee search runs on at most this many points
@@ -281,8 +280,9 @@ class Grid:
         """A staircase in the widest envelope chosen that shows one. On a wide envelope of a
         quiet series the steps can be most of the changes that happen, and the spread
         level_shifts measures them against is then their own size; a narrower one sees them."""
-        for _, _, hist, _ in sorted({c[1]: c for c in chosen.values()}.values(), key=lambda c: -c[1]):
-            stair = self._staircase(hist[-win:], floor, judged)
+        histories = {width: hist for _, width, hist, _ in chosen.values()}  # one history per width
+        for width in sorted(histories, reverse=True):
+            stair = self._staircase(histories[width][-win:], floor, judged)
             if stair is not None:
                 return stair
         return None

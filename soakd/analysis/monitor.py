@@ -30,7 +30,7 @@ from soakd.analysis.detector import SEEN, judge
 from soakd.analysis.evidence import CUDA_SERIES, HOST_SERIES, TARGET_HOST_SERIES, CudaHistory, Evidence
 from soakd.analysis.judgement import Judgement
 from soakd.analysis.pages import beyond_horizon, early_why, held_early
-from soakd.analysis.params import DetectorParams, floor_for
+from soakd.analysis.params import MIB, DetectorParams, floor_for
 from soakd.analysis.replay import Persistence
 from soakd.names import TARGET_METRIC_PREFIX
 from soakd.state import default_state_dir
@@ -45,7 +45,6 @@ log = logging.getLogger("soakd.leak")
 
 OnEvent = Callable[[str, dict[str, Any]], None]
 Limits = Callable[[str], "float | None"]  # headroom in bytes before the series' limit; None: unknown
-MIB = float(1 << 20)
 # A rise that is not paged: "creep" (the headroom outlasts leak.horizon), "allocator_retention"
 # (malloc_trim gave the growth back), "early" (too slow to page before the series' swings could
 # show: soakd.analysis.pages). soakd_leak_finding{finding} and SoakdMemoryGrowthFinding.

@@ -20,9 +20,9 @@ from __future__ import annotations
 import math
 
 from soakd.analysis.judgement import Judgement
+from soakd.analysis.params import MIB
 from soakd.analysis.trend import dur
 
-MIB = float(1 << 20)
 GOAL_FAST = (100 * MIB, 3600.0)  # bytes/hour paged within seconds of the leak's start
 GOAL_SLOW = (20 * MIB, 3 * 3600.0)
 EARLY_SHARE = 0.75  # of the goals' rate: the lower bound's margin below the true rate

@@ -9,7 +9,7 @@ from typing import Any
 
 from soakd.names import TARGET_METRIC_PREFIX
 
-MIB = float(1 << 20)
+MIB = float(1 << 20)  # the one place the analysis modules take it from
 DAY = 86400.0
 DEFAULT_FLOOR_BYTES_PER_HOUR = 2 * MIB
 DEFAULT_WINDOW = 6 * 3600.0

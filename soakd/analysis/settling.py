@@ -20,9 +20,9 @@ import math
 
 import numpy as np
 
+from soakd.analysis.params import MIB
 from soakd.analysis.trend import Array, ols_slope, slope_variance
 
-MIB = float(1 << 20)
 SETTLE_Z = 2.0  # a rate this many standard errors below the one before it is settling, not a leak
 
 

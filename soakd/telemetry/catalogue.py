@@ -366,7 +366,8 @@ class Metrics:
         self.leak_finding = Gauge(
             p + "leak_finding",
             "1 while the series rises but is not paged: finding = creep (the headroom outlasts leak.horizon)"
-            " | allocator_retention (malloc_trim gave the growth back)",
+            " | allocator_retention (malloc_trim gave the growth back) | early (too slow to page before the"
+            " series' swings could show)",
             ["series", "finding"],
             registry=r,
         )
