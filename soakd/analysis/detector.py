@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -85,6 +86,15 @@ STEP_SETTLE = 900.0  # seconds: a level shift that settles within this counts as
 SHORT_SPANS = 2  # spans up to this many shortest ones (15 and 30 min) always rise past the swings seen
 SEEN = 1.0 / 3  # of the window (2 h of 6 h): less judged history than this has not shown slow swings turn
 FAR = 2.0  # before that, a span is flagged only at this many times its threshold z
+
+
+class Troughs(NamedTuple):
+    """One trough width's judged history, as chosen for a span length."""
+
+    se: float  # the span's slope standard error at this width (per bin)
+    width: int  # the trailing minimum's width, in bins
+    history: Array  # the envelope from the judged start on
+    noise: Array  # the history with its largest level shift taken out
 
 
 @dataclass
@@ -167,8 +177,8 @@ class Grid:
         spans = sorted(chosen)
         # The history shown: the widest envelope chosen (each width's history starts once its
         # first window is full, so the widths' longest spans differ).
-        top = max(spans, key=lambda n: (chosen[n][1], n))
-        _, self.trough_points, y, _ = chosen[top]
+        top = max(spans, key=lambda n: (chosen[n].width, n))
+        self.trough_points, y = chosen[top].width, chosen[top].history
         judged_for = (m - w) * p.bin  # the alpha spending's clock
         swing = largest_fall(self.b[:m])
         # Under a known cycle: its second cycle under the early looks' bars, then per-cycle means.
@@ -176,8 +186,8 @@ class Grid:
         early_look = judged_for < SEEN * p.window if early is None else early  # slow swings not yet seen
         raw = self.b[:m]
         results = [
-            self._span(yk, quiet, n, floor, self._envelope(kk, 0, smooth)[:m], raw, judged_for, swing, early, hold)
-            for n, (_, kk, yk, quiet) in sorted(chosen.items())
+            self._span(tr, n, floor, self._envelope(tr.width, 0, smooth)[:m], raw, judged_for, swing, early, hold)
+            for n, tr in sorted(chosen.items())
         ]
         longest = results[spans.index(top)]
         stair = self._staircase_of(chosen, win, floor, judged_for)
@@ -215,17 +225,15 @@ class Grid:
             early_page_bytes_per_hour=early_page_rate(m * p.bin, p.floor_scale) if early_look else 0.0,
         )
 
-    def _choose_troughs(
-        self, m: int, w: int, win: int, smooth: bool = False
-    ) -> dict[int, tuple[float, int, Array, Array]]:
-        """Per span length judged: (slope standard error, trough width, troughs, noise)."""
+    def _choose_troughs(self, m: int, w: int, win: int, smooth: bool = False) -> dict[int, Troughs]:
+        """Per span length judged: the trough width that measures its slope most precisely."""
         p = self.params
         lo = p.spans[0]
         # The trough span, per span judged: the one (up to trough_span) that measures that
         # span's trend most precisely. Wider rides out a sawtooth; narrower follows plain noise
         # closely and leaves short spans to judge. The choice looks at the noise only, never at
         # the slope, so it spends none of alpha.
-        chosen: dict[int, tuple[float, int, Array, Array]] = {}  # span -> (se, width, troughs, noise)
+        chosen: dict[int, Troughs] = {}
         for kk in self.trough_choices():
             env = self._envelope(kk, w, smooth)[: m - w][-HISTORY_WINDOWS * win :]
             yk = env[np.isfinite(env)]
@@ -245,12 +253,13 @@ class Grid:
             # One level shift is no more noise than it is a leak: the noise is measured with
             # the largest one taken out.
             quiet = take_out_step(yk, yk, max_lag=max(2, round(STEP_SETTLE / p.bin)))
+            troughs = Troughs(math.nan, kk, yk, quiet)
             for n in sorted({*(s for s in p.spans if shortest <= s < longest), longest}):
                 se = math.sqrt(slope_variance(quiet, n))
                 # A narrower width must win clearly: the noise estimate is itself noisy, and
                 # picking the smallest of several would favour one that happens to be too small.
-                if n not in chosen or se < 0.7 * chosen[n][0]:
-                    chosen[n] = (se, kk, yk, quiet)
+                if n not in chosen or se < 0.7 * chosen[n].se:
+                    chosen[n] = troughs._replace(se=se)
         return chosen
 
     def _envelope(self, k: int, start: int, smooth: bool = False) -> Array:
@@ -274,13 +283,11 @@ class Grid:
         k = max(1, round(p.trough_span / p.bin))
         return sorted({kk for kk in (1, k // 6, k // 3, k) if kk >= 1}, reverse=True)  # widest first
 
-    def _staircase_of(
-        self, chosen: dict[int, tuple[float, int, Array, Array]], win: int, floor: float, judged: float
-    ) -> _Span | None:
+    def _staircase_of(self, chosen: dict[int, Troughs], win: int, floor: float, judged: float) -> _Span | None:
         """A staircase in the widest envelope chosen that shows one. On a wide envelope of a
         quiet series the steps can be most of the changes that happen, and the spread
         level_shifts measures them against is then their own size; a narrower one sees them."""
-        histories = {width: hist for _, width, hist, _ in chosen.values()}  # one history per width
+        histories = {tr.width: tr.history for tr in chosen.values()}  # one history per width
         for width in sorted(histories, reverse=True):
             stair = self._staircase(histories[width][-win:], floor, judged)
             if stair is not None:
@@ -340,8 +347,7 @@ class Grid:
 
     def _span(
         self,
-        history: Array,
-        noise: Array,
+        troughs: Troughs,
         n: int,
         floor: float,
         full: Array,
@@ -353,6 +359,7 @@ class Grid:
     ) -> _Span:
         p = self.params
         per_hour = 3600.0 / p.bin
+        history, noise = troughs.history, troughs.noise
         y = history[-n:]
         yd = take_out_step(y, history, max_lag=max(2, round(STEP_SETTLE / p.bin)))
         var = slope_variance(noise, n)

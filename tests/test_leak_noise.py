@@ -1,0 +1,62 @@
+"""The noise a slope is judged against where the troughs' noise is seen to forget (#39)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from soakd.analysis.trend import forgets, ols_slope, slope_variance, z_for
+
+N = 344  # a 6 h window's judged troughs at 1-min bins (6 h less the 15 min warm-up, and one)
+WINDOW = 360.0  # points in the window
+
+
+def _ar1(rng: np.random.Generator, n: int, tau: float) -> np.ndarray:
+    phi = math.exp(-1.0 / tau)
+    e = rng.normal(0.0, math.sqrt(1 - phi**2), n + 200)
+    y = np.empty_like(e)
+    y[0] = e[0]
+    for i in range(1, e.size):
+        y[i] = phi * y[i - 1] + e[i]
+    return y[200:]
+
+
+def test_a_gc_sawtooth_forgets_its_collections_give_back_its_ramps() -> None:
+    """A jittered 60-point sawtooth of 50 MiB: its level shifts are falls, each giving back a
+    ramp, so the whole history is one span. Counted as shifts, they kept it judged on half."""
+    rng = np.random.default_rng(7)
+    edges = np.cumsum(rng.uniform(48, 72, 12)) - rng.uniform(0, 60)
+    x = np.arange(N, dtype=np.float64)
+    i = np.searchsorted(edges, x, side="right")
+    lo = np.concatenate(([edges[0] - 60.0], edges))[i]
+    hi = edges[np.minimum(i, edges.size - 1)]
+    saw = 50.0 * (x - lo) / (hi - lo) + rng.normal(0, 0.5, N)
+    assert forgets(saw, WINDOW, 5)
+
+
+def test_rises_not_given_back_do_not_forget() -> None:
+    """A staircase (an allocator settling, a leak in steps) is not noise known at every lag."""
+    rng = np.random.default_rng(3)
+    stairs = np.repeat(np.arange(6.0), N // 6 + 1)[:N] * 20.0 + rng.normal(0, 1.0, N)
+    assert not forgets(stairs, WINDOW, 5)
+
+
+def test_the_slope_test_holds_its_alpha_where_the_noise_forgets() -> None:
+    """Leak-free AR(1) noise of a 5-point correlation over a 6 h window, where it is seen to
+    forget and the whole history is one span: the variogram-based z-test fires at most at its
+    alpha. (Measured in #39's eighth round: this estimate reads the slope's error about 1.65x
+    too large, and fires at 0.1-0.5x its alpha at z 2.3-3.5; an unbiased one, the variogram held
+    at its sill, fired 2-5x its alpha there even against a t threshold at the data's independent
+    stretches, because the noise's size is itself estimated from the one trace. Made to hold
+    alpha, it was no more sensitive: docs/leak-verdicts.md.)"""
+    rng = np.random.default_rng(39)
+    zs = []
+    for _ in range(1500):
+        y = _ar1(rng, N, 5.0)
+        if forgets(y, WINDOW, 5):
+            zs.append(ols_slope(y) / math.sqrt(slope_variance(y, N)))
+    z = np.array(zs)
+    assert z.size > 1000
+    for alpha in (0.01, 0.001):
+        assert np.mean(z > z_for(alpha)) <= alpha  # at most its alpha: the estimate errs wide
