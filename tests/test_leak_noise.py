@@ -60,3 +60,22 @@ def test_the_slope_test_holds_its_alpha_where_the_noise_forgets() -> None:
     assert z.size > 1000
     for alpha in (0.01, 0.001):
         assert np.mean(z > z_for(alpha)) <= alpha  # at most its alpha: the estimate errs wide
+
+
+def test_span_z_reads_white_noise_near_zero_and_a_leak_far_above_it() -> None:
+    """What bench/leak/noise_calibration.py measures: each span's z before the detector's rules.
+    On white noise it spreads as a standard normal's; a 20 MiB/h leak under the same noise
+    reads far above any threshold on every span that holds an hour of it."""
+    from soakd.analysis.detector import Grid
+    from soakd.analysis.params import MIB, DetectorParams
+
+    rng = np.random.default_rng(5)
+    t = np.arange(0.0, 6 * 3600.0, 10.0)
+    noise = 1e9 + rng.normal(0.0, 2 * MIB, t.size)
+    p = DetectorParams()
+    flat = Grid(t, noise, p, 0.0, float(t[-1]))
+    zs = [z for m in range(120, flat.nbins + 1, 30) for _, z in flat.span_z(m)]
+    assert len(zs) > 50 and 0.5 < float(np.std(zs)) < 1.3 and max(zs) < 4.0
+    leak = Grid(t, noise + 20 * MIB * t / 3600.0, p, 0.0, float(t[-1]))
+    assert all(z > 8.0 for n, z in leak.span_z(leak.nbins) if n >= 60)
+    assert leak.span_z(10) == []  # still warming up: no span is tested

@@ -345,6 +345,28 @@ class Grid:
             q, got[0], got[1], min(1.0, upper_tail(got[0] / got[1]) / alpha_n * p.alpha), True, True, math.inf, ""
         )
 
+    def _trend(self, troughs: Troughs, n: int) -> tuple[Array, float]:
+        """The newest ``n`` troughs with their largest step taken out, and the variance (per bin)
+        of their least-squares slope at the noise."""
+        y = troughs.history[-n:]
+        yd = take_out_step(y, troughs.history, max_lag=max(2, round(STEP_SETTLE / self.params.bin)))
+        return yd, slope_variance(troughs.noise, n)
+
+    def span_z(self, m: int) -> list[tuple[int, float]]:
+        """(points, slope over its standard error) of each span the look at ``m`` bins tests,
+        before any rule that holds a flag back: the trend test's own calibration, which
+        bench/leak/noise_calibration.py measures on leak-free traces."""
+        m = min(m, self.nbins)
+        w = self.warmup_bins(m)
+        if m <= w:
+            return []
+        out = []
+        for n, troughs in sorted(self._choose_troughs(m, w, round(self.params.window / self.params.bin)).items()):
+            yd, var = self._trend(troughs, n)
+            if var > 0:
+                out.append((n, ols_slope(yd) / math.sqrt(var)))
+        return out
+
     def _span(
         self,
         troughs: Troughs,
@@ -360,9 +382,7 @@ class Grid:
         p = self.params
         per_hour = 3600.0 / p.bin
         history, noise = troughs.history, troughs.noise
-        y = history[-n:]
-        yd = take_out_step(y, history, max_lag=max(2, round(STEP_SETTLE / p.bin)))
-        var = slope_variance(noise, n)
+        yd, var = self._trend(troughs, n)
         se = math.sqrt(var) * per_hour if var > 0 else math.nan
         slope = ols_slope(yd) * per_hour
         alpha_n = p.span_alpha(n, judged)
