@@ -353,9 +353,9 @@ class Grid:
         return yd, slope_variance(troughs.noise, n)
 
     def span_z(self, m: int) -> list[tuple[int, float]]:
-        """(points, slope over its standard error) of each span the look at ``m`` bins tests,
-        before any rule that holds a flag back: the trend test's own calibration, which
-        bench/leak/noise_calibration.py measures on leak-free traces."""
+        """(points, slope over its standard error) of each span the look at ``m`` bins tests
+        (no known cycle), before any rule that holds a flag back: the trend test's own
+        calibration, which bench/leak/noise_calibration.py measures on leak-free traces."""
         m = min(m, self.nbins)
         w = self.warmup_bins(m)
         if m <= w:
