@@ -38,13 +38,15 @@ TAILS = (2.33, 3.09, 3.72)
 FROM = 2 * 3600.0  # seconds of trace before the first look counted
 
 
-def one(args: tuple[str, str, int, float, float]) -> list[tuple[int, float]]:
+def one(args: tuple[str, str, int, float, float]) -> list[tuple[float, int, float]]:
+    """(look's minute, span points, z) of every span tested on one trace."""
     which, shape, seed, hours, step = args
     tr = SETS[which].generate(shape, seed, duration=hours * 3600.0)
     p = DetectorParams()
     grid = Grid(tr.t, tr.v, p, float(tr.t[0]), float(tr.t[-1]))
     every = max(1, round(step / p.bin))
-    return [z for m in range(round(FROM / p.bin), grid.nbins + 1, every) for z in grid.span_z(m)]
+    looks = range(round(FROM / p.bin), grid.nbins + 1, every)
+    return [(m * p.bin / 60.0, n, z) for m in looks for n, z in grid.span_z(m)]
 
 
 def row(label: str, zs: list[float], traces: str = "") -> str:
@@ -61,6 +63,7 @@ def main() -> int:
     ap.add_argument("--hours", type=float, default=6.0)
     ap.add_argument("--step", type=float, default=900.0, help="seconds of trace between looks")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--worst", type=int, default=0, help="also list the N highest z: trace, look and span")
     ns = ap.parse_args()
     cases = [tuple(item.split(":", 1)) for item in ns.shapes.split(",") if item]
     for which, shape in cases:
@@ -77,9 +80,9 @@ def main() -> int:
     hot_case: dict[str, int] = defaultdict(int)
     for (which, shape, *_), got in zip(work, results, strict=True):
         key = f"{which}:{shape}"
-        by_case[key] += [z for _, z in got]
-        hot_case[key] += any(z > TAILS[-1] for _, z in got)
-        for n, z in got:  # a span of the listed lengths, or the longest the data allow
+        by_case[key] += [z for _, _, z in got]
+        hot_case[key] += any(z > TAILS[-1] for _, _, z in got)
+        for _, n, z in got:  # a span of the listed lengths, or the longest the data allow
             by_span[f"span {n}" if n in spans else "the longest span"].append(z)
     head = f"{'':<26}{'tests':>7}{'sd':>7} " + " ".join(f"  x@{q:<4}" for q in TAILS) + "   traces"
     looks = f"{ns.hours:g} h, a look every {ns.step:g} s"
@@ -91,6 +94,15 @@ def main() -> int:
     print("\nper span length (points of 60 s), all shapes:")
     for label in sorted(by_span, key=lambda k: (len(k), k)):
         print(row(label, by_span[label]))
+    if ns.worst:
+        tests = [
+            (z, f"{which}:{shape}#{seed}", at, n)
+            for (which, shape, seed, *_), got in zip(work, results, strict=True)
+            for at, n, z in got
+        ]
+        print(f"\nthe {ns.worst} highest z:")
+        for z, trace, at, n in sorted(tests, reverse=True)[: ns.worst]:
+            print(f"  z {z:6.1f}  {trace}, the look at {at:.0f} min, its {n}-point span")
     print(
         f"\nmedian |z| {statistics.median(abs(z) for zs in by_case.values() for z in zs):.2f}; "
         f"bench time {time.perf_counter() - t0:.0f} s on {ns.jobs} worker(s)"
