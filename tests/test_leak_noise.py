@@ -6,20 +6,11 @@ import math
 
 import numpy as np
 
+from soakd.analysis.corpus import ar1_noise
 from soakd.analysis.trend import forgets, ols_slope, slope_variance, z_for
 
 N = 344  # a 6 h window's judged troughs at 1-min bins (6 h less the 15 min warm-up, and one)
 WINDOW = 360.0  # points in the window
-
-
-def _ar1(rng: np.random.Generator, n: int, tau: float) -> np.ndarray:
-    phi = math.exp(-1.0 / tau)
-    e = rng.normal(0.0, math.sqrt(1 - phi**2), n + 200)
-    y = np.empty_like(e)
-    y[0] = e[0]
-    for i in range(1, e.size):
-        y[i] = phi * y[i - 1] + e[i]
-    return y[200:]
 
 
 def test_a_gc_sawtooth_forgets_its_collections_give_back_its_ramps() -> None:
@@ -53,7 +44,7 @@ def test_the_slope_test_holds_its_alpha_where_the_noise_forgets() -> None:
     rng = np.random.default_rng(39)
     zs = []
     for _ in range(1500):
-        y = _ar1(rng, N, 5.0)
+        y = ar1_noise(rng, N, 1.0, math.exp(-1.0 / 5.0))
         if forgets(y, WINDOW, 5):
             zs.append(ols_slope(y) / math.sqrt(slope_variance(y, N)))
     z = np.array(zs)

@@ -253,13 +253,12 @@ class Grid:
             # One level shift is no more noise than it is a leak: the noise is measured with
             # the largest one taken out.
             quiet = take_out_step(yk, yk, max_lag=max(2, round(STEP_SETTLE / p.bin)))
-            troughs = Troughs(math.nan, kk, yk, quiet)
             for n in sorted({*(s for s in p.spans if shortest <= s < longest), longest}):
                 se = math.sqrt(slope_variance(quiet, n))
                 # A narrower width must win clearly: the noise estimate is itself noisy, and
                 # picking the smallest of several would favour one that happens to be too small.
                 if n not in chosen or se < 0.7 * chosen[n].se:
-                    chosen[n] = troughs._replace(se=se)
+                    chosen[n] = Troughs(se, kk, yk, quiet)
         return chosen
 
     def _envelope(self, k: int, start: int, smooth: bool = False) -> Array:
