@@ -1,7 +1,6 @@
-"""Before the series could have shown its slow swings (2 h of judging), a rise pages only when it
-is fast enough that the time-to-verdict goals need it paged now; a slower one is a finding,
-"early", until 2 h of judging confirm it, and the end of a run judges it without the hold
-(soakd/analysis/pages.py, #39)."""
+"""A rise pages once it has gone on as long as the time-to-verdict goals allow for its rate (a
+swing's rise stops before then, a leak goes on); until then it is a finding, "early", and the end
+of a run judges it without the hold (soakd/analysis/pages.py, #39)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import pytest
 
 from soakd.analysis.judgement import Judgement
 from soakd.analysis.monitor import LeakMonitor, Verdict
-from soakd.analysis.pages import beyond_horizon, early_page_rate, goal_rate
+from soakd.analysis.pages import beyond_horizon, early_page_rate, goal_rate, rise_age
 from soakd.analysis.params import DetectorParams
 from soakd.analysis.replay import replay
 from soakd.config import LeakConfig
@@ -32,6 +31,20 @@ def test_the_hold_follows_the_time_to_verdict_goals() -> None:
     assert goal_rate(3 * H) == pytest.approx(20 * MIB)
     assert early_page_rate(0.5 * H) > early_page_rate(H) > early_page_rate(2 * H)
     assert early_page_rate(H / 480, 480.0) == pytest.approx(480 * early_page_rate(H))
+
+
+def test_a_rise_is_as_old_as_its_height_allows_at_its_rate() -> None:
+    """A swing's rise of 30 MiB over 30 points, read at 1 MiB a point, goes back about 30 points
+    however long the flat stretch before it; the same rate steady over all the history goes back
+    to the run's start, whatever the noise does to the oldest points."""
+    rng = np.random.default_rng(4)
+    flat_then_rise = np.concatenate([np.zeros(150), np.arange(1.0, 31.0)]) * MIB + rng.normal(0, 0.2 * MIB, 180)
+    assert 28 <= rise_age(flat_then_rise, 1.0 * MIB, run_points=200) <= 33
+    # Read at half the rate, the same rise is twice as old: the age follows the rate, not the data's length.
+    assert 56 <= rise_age(flat_then_rise, 0.5 * MIB, run_points=200) <= 65
+    steady = np.arange(180.0) * MIB + rng.normal(0, 0.2 * MIB, 180)
+    assert rise_age(steady, 0.995 * MIB, run_points=200) == 200
+    assert rise_age(steady, 0.0, run_points=200) == 200  # no rate: nothing to hold it by
 
 
 def rise(rate_mib_per_h: float, start: float, end: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -66,30 +79,45 @@ def finding(metrics: Metrics, kind: str) -> float | None:
     return metrics.registry.get_sample_value("soakd_leak_finding", {"series": "host_rss", "finding": kind})
 
 
-def test_a_rise_the_first_swing_may_be_is_a_finding_until_two_hours_of_judging() -> None:
-    """15 MiB/h from the start: a GC sawtooth's first ramp or a load cycle's first rise looks
-    just so. At 1 h the trend test is sure of it, but it is under the early rate (75 MiB/h
-    then): an "early" finding, no page. Rising on, it pages once 2 h are judged (2.25 h in,
-    after the 15 min warm-up), where the early rate (23 MiB/h by then) would still hold it."""
-    t, v = rise(15.0, 0.0, 3 * H)
+def test_a_rise_pages_once_it_has_gone_on_as_long_as_the_goals_allow() -> None:
+    """15 MiB/h from the start: a GC sawtooth's ramp or a load cycle's rise looks just so. At 1 h
+    the trend test is sure of it, but the goals allow a rise that slow 3.6 h before its page:
+    an "early" finding, no page. Rising on, it pages once it has gone on that long."""
+    t, v = rise(15.0, 0.0, 3.5 * H)
     monitor, metrics, events = watch(t, v, 1.0 * H)
     verdict = monitor.verdicts()["host_rss"]
     assert (verdict.state, verdict.finding) == ("ok", "early"), verdict.reason
-    assert "not paged yet" in verdict.reason
+    assert "not paged yet" in verdict.reason and "if it goes on" in verdict.reason
     assert metrics.registry.get_sample_value("soakd_leak_suspected", {"series": "host_rss"}) == 0
     assert finding(metrics, "early") == 1 and [k for k, _ in events] == ["leak_finding"]
 
-    monitor, metrics, events = watch(t, v, 3 * H)
+    monitor, metrics, events = watch(t, v, 3.5 * H)
     verdict = monitor.verdicts()["host_rss"]
     assert verdict.state == "leak" and verdict.finding == "", verdict.reason
     assert finding(metrics, "early") == 0
     assert events[0][0] == "leak_finding" and events[0][1]["finding"] == "early"
     assert [k for k, _ in events].count("leak_suspected") == 1 and events[-1][0] == "leak_suspected"
 
-    # A replay (the benches, soakd analyze) pages at the same look, after 2 h of judging.
+    # A replay (the benches, soakd analyze) pages at the same look: where the goals' rate for the
+    # run's age (the rise goes back to its start), times EARLY_SHARE, falls to the rise's.
     r = replay(t, v, DetectorParams(), 2 * MIB, step=300.0, page_above=HEADROOM / (30 * 24.0))
     assert r.first_suspected_at is not None and r.first_suspected_at <= 1.0 * H
-    assert r.first_paged_at is not None and 2.25 * H <= r.first_paged_at <= 2.5 * H
+    assert r.first_paged_at is not None and 2.25 * H <= r.first_paged_at <= 3 * H
+    assert early_page_rate(r.first_paged_at) <= 15 * MIB < early_page_rate(r.first_paged_at - 1800.0)
+
+
+def test_a_rise_that_stops_hours_into_a_run_is_a_finding_the_same_rise_going_on_pages() -> None:
+    """Flat for 2.5 h, then 30 MiB over 30 min (a load cycle's high phase, a wander's excursion,
+    bigger than any swing before it): the trend test flags it, but a rise that young at 60 MiB/h
+    is not paged, and it stops before the goals would need it paged. The same rise going on is a
+    60 MiB/h leak: paged within the 85 min the goals allow for its rate."""
+    t, v = rise(60.0, 2.5 * H, 5 * H, seed=3)
+    stops = np.minimum(v, v[0] + np.clip(t - 2.5 * H, 0.0, 0.5 * H) / H * 60.0 * MIB + 2 * MIB)
+    page_above = HEADROOM / (30 * 24.0)
+    swing = replay(t, stops, DetectorParams(), 2 * MIB, step=300.0, page_above=page_above)
+    assert swing.first_suspected_at is not None and swing.first_paged_at is None
+    leak = replay(t, v, DetectorParams(), 2 * MIB, step=300.0, page_above=page_above)
+    assert leak.first_paged_at is not None and 2.5 * H + 30 * 60 < leak.first_paged_at <= 2.5 * H + 85 * 60
 
 
 def test_a_fast_rise_pages_at_once() -> None:

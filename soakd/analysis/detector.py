@@ -33,8 +33,8 @@ At every look (every evaluation of the live monitor, every step of a replay):
     longer gaps) is a leak too when its trend stands out from the noise without the shifts
     and its rate at the step count's 90% Poisson bound reaches the floor.
 The verdict flips on the first flagged look and clears after its signs (a span rising at
-z >= 2 and half the floor) are gone for ``persistence``; early on, it pages only when fast
-(:mod:`soakd.analysis.pages`).
+z >= 2 and half the floor) are gone for ``persistence``; it pages once the rise has gone on as
+long as the time-to-verdict goals allow for its rate (:mod:`soakd.analysis.pages`).
 
 Every look also gives the detectable slope: the smallest leak flagged with 90% probability
 at the fitted noise (early looks' bars included), over the spans judged so far. Pure numpy
@@ -44,7 +44,7 @@ at the fitted noise (early looks' bars included), over the spans judged so far. 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -52,7 +52,7 @@ import numpy as np
 from soakd.analysis.cycles import FIRST, JUDGED, cycle_mean, cycle_rise, hold_reason, stage
 from soakd.analysis.judgement import Z90, Judgement
 from soakd.analysis.jumps import counted_rate, steps_lower
-from soakd.analysis.pages import early_page_rate
+from soakd.analysis.pages import early_page_rate, rise_age
 from soakd.analysis.params import MIB, DetectorParams
 from soakd.analysis.settling import unsteady
 from soakd.analysis.trend import (
@@ -183,7 +183,6 @@ class Grid:
         swing = largest_fall(self.b[:m])
         # Under a known cycle: its second cycle under the early looks' bars, then per-cycle means.
         early = None if not cyc else not smooth or judged_for < SEEN * p.window
-        early_look = judged_for < SEEN * p.window if early is None else early  # slow swings not yet seen
         raw = self.b[:m]
         results = [
             self._span(tr, n, floor, self._envelope(tr.width, 0, smooth)[:m], raw, judged_for, swing, early, hold)
@@ -208,7 +207,7 @@ class Grid:
         detectable = min(r.detectable for r in results)
         # every trough point judged (the noise), the longest trend span within; a cycle mean holds a cycle
         judged = (y.size + (self.cycle_bins - 1 if smooth else 0)) * p.bin
-        return Judgement(
+        j = Judgement(
             bool(flagged),
             shown.slope,
             p_adj,
@@ -222,8 +221,11 @@ class Grid:
             p_adj < min(1.0, 20 * p.alpha),
             slope_se_bytes_per_hour=shown.se,
             jumps_lower_bytes_per_hour=shown.counted,
-            early_page_bytes_per_hour=early_page_rate(m * p.bin, p.floor_scale) if early_look else 0.0,
         )
+        # A page waits as long as the goals allow for a leak as old as the rise at its rate (pages.py).
+        seen = chosen.get(shown.points, chosen[top]).history
+        age = rise_age(seen, j.slope_lower_bytes_per_hour * p.bin / 3600.0, m) * p.bin
+        return replace(j, early_page_bytes_per_hour=early_page_rate(age, p.floor_scale), rise_seconds=age)
 
     def _choose_troughs(self, m: int, w: int, win: int, smooth: bool = False) -> dict[int, Troughs]:
         """Per span length judged: the trough width that measures its slope most precisely."""

@@ -25,7 +25,8 @@ class Judgement:
     levelling: bool = False  # not judged: the data show warm-up lasting past its floor
     slope_se_bytes_per_hour: float = math.nan  # the shown slope's standard error at the noise
     jumps_lower_bytes_per_hour: float = math.nan  # a rise made of jumps: its rate's 90% bound on their count
-    early_page_bytes_per_hour: float = 0.0  # swings not yet seen: the 90% bound a page needs (soakd.analysis.pages)
+    early_page_bytes_per_hour: float = 0.0  # the 90% bound a page needs for the rise's age (soakd.analysis.pages)
+    rise_seconds: float = math.inf  # how long the troughs have risen at that bound (pages.rise_age)
 
     @property
     def slope_lower_bytes_per_hour(self) -> float:

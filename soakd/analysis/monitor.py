@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from soakd.analysis.detector import SEEN, judge
+from soakd.analysis.detector import judge
 from soakd.analysis.evidence import CUDA_SERIES, HOST_SERIES, TARGET_HOST_SERIES, CudaHistory, Evidence
 from soakd.analysis.judgement import Judgement
 from soakd.analysis.pages import beyond_horizon, early_why, held_early
@@ -46,8 +46,8 @@ log = logging.getLogger("soakd.leak")
 OnEvent = Callable[[str, dict[str, Any]], None]
 Limits = Callable[[str], "float | None"]  # headroom in bytes before the series' limit; None: unknown
 # A rise that is not paged: "creep" (the headroom outlasts leak.horizon), "allocator_retention"
-# (malloc_trim gave the growth back), "early" (too slow to page before the series' swings could
-# show: soakd.analysis.pages). soakd_leak_finding{finding} and SoakdMemoryGrowthFinding.
+# (malloc_trim gave the growth back), "early" (too slow to page for how long it has gone on: a
+# swing may make it; soakd.analysis.pages). soakd_leak_finding{finding} and SoakdMemoryGrowthFinding.
 FINDINGS = ("creep", "allocator_retention", "early")
 
 
@@ -219,12 +219,13 @@ class LeakMonitor:
         if not state.suspected:
             self._paged.discard(name)
             self._findings.pop(name, None)
-        elif not was and self._findings.get(name, ("", ""))[0] != "allocator_retention":
-            # A rise the detector is sure of: page it only when it matters within the horizon,
-            # and only if the allocator does not give it back (probed once per rise).
+        elif not was and j.positive and self._findings.get(name, ("", ""))[0] != "allocator_retention":
+            # A rise the detector is sure of at this look (not one only held by persistence):
+            # page it only when it matters within the horizon, and only if the allocator does
+            # not give it back (probed once per rise).
             finding, why = self._beyond_horizon(name, j)
-            if not finding and held_early(j, final=final):  # swings not yet seen may explain it
-                finding, why = "early", early_why(j, SEEN * self.params.window)
+            if not finding and held_early(j, final=final):  # too young a rise: a swing may make it
+                finding, why = "early", early_why(j)
             if not finding:  # worth a page: the evidence may still show the allocator keeps it
                 evidence = self._evidence(name, j, now)
                 finding, why = self._retention(evidence)

@@ -97,7 +97,8 @@ def replay(
                 first_at = at
                 if stop_on_flag:
                     break
-        fast = j.slope_lower_bytes_per_hour >= page_above and not held_early(j, final=m == looks[-1])
+        # A page needs a look that is sure of the rise, not one that only holds an older verdict.
+        fast = j.positive and j.slope_lower_bytes_per_hour >= page_above and not held_early(j, final=m == looks[-1])
         if state.suspected and fast:
             paged_at = at if paged_at is None else paged_at
             paged = True
