@@ -219,10 +219,10 @@ class LeakMonitor:
         if not state.suspected:
             self._paged.discard(name)
             self._findings.pop(name, None)
-        elif not was and j.positive and self._findings.get(name, ("", ""))[0] != "allocator_retention":
-            # A rise the detector is sure of at this look (not one only held by persistence):
-            # page it only when it matters within the horizon, and only if the allocator does
-            # not give it back (probed once per rise).
+        elif not was and (j.positive or final) and self._findings.get(name, ("", ""))[0] != "allocator_retention":
+            # A rise the detector is sure of at this look (not one only held by persistence, but
+            # at the run's closing look, which has no later): page it only when it matters within
+            # the horizon, and only if the allocator does not give it back (probed once per rise).
             finding, why = self._beyond_horizon(name, j)
             if not finding and held_early(j, final=final):  # too young a rise: a swing may make it
                 finding, why = "early", early_why(j)

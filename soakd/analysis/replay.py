@@ -97,8 +97,10 @@ def replay(
                 first_at = at
                 if stop_on_flag:
                     break
-        # A page needs a look that is sure of the rise, not one that only holds an older verdict.
-        fast = j.positive and j.slope_lower_bytes_per_hour >= page_above and not held_early(j, final=m == looks[-1])
+        # A page needs a look that is sure of the rise, not one that only holds an older verdict;
+        # the end of a run has no later, and pages what is still held (as `soakd analyze` reads it).
+        last = m == looks[-1]
+        fast = (j.positive or last) and j.slope_lower_bytes_per_hour >= page_above and not held_early(j, final=last)
         if state.suspected and fast:
             paged_at = at if paged_at is None else paged_at
             paged = True
