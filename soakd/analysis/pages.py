@@ -13,9 +13,9 @@ summary's closing look, ``soakd analyze``) has no later and judges without the h
 
 Until #39's ninth round the age was the run's, and only for the first 2 h of judging (a series
 had not shown its slow swings turn); after that every rise the test was sure of paged at once.
-Graded on week traces (seeds 500-509, 6 h, 8 GiB of headroom): leak-free runs paged 11.2% ->
-7.5% with the run's age, and 6.2% -> 2.5% with the rise's (a load cycle's rise, a wander's
-excursion hours into a run): docs/leak-verdicts.md.
+Graded once on unseen seeds 1000-1009 of every set (6 h, 8 GiB of headroom): leak-free runs
+paged 1.5% -> 0.6% (a load cycle's rise, a wander's excursion hours into a run), leaks of
+100 MiB/h and more a median 36-55 min from their start either way (docs/leak-verdicts.md).
 """
 
 from __future__ import annotations
