@@ -11,7 +11,7 @@ import pytest
 
 from soakd.analysis.judgement import Judgement
 from soakd.analysis.monitor import LeakMonitor, Verdict
-from soakd.analysis.pages import beyond_horizon, early_page_rate, goal_rate, rise_age
+from soakd.analysis.pages import beyond_horizon, early_page_rate, goal_rate, held_early, rise_age
 from soakd.analysis.params import DetectorParams
 from soakd.analysis.replay import replay
 from soakd.config import LeakConfig
@@ -137,6 +137,13 @@ def test_the_end_of_a_run_has_no_later() -> None:
     closing = monitor.evaluate(T0 + 1.0 * H, final=True)["host_rss"]
     assert closing.state == "leak", closing.reason
     assert replay(t, v, DetectorParams(), 2 * MIB, step=300.0).suspected
+
+
+def test_a_gauge_in_its_own_unit_is_not_held() -> None:
+    """The goals price a rise in bytes per hour; a scraped server gauge (a ratio, a count) has no
+    such rate, so, as with its unknown headroom, a rise the test is sure of pages."""
+    young = Judgement(True, 0.5, 0.0, "troughs rise", slope_se_bytes_per_hour=0.01, early_page_bytes_per_hour=60 * MIB)
+    assert held_early(young) and not held_early(young, in_bytes=False) and not held_early(young, final=True)
 
 
 def test_a_held_finding_never_reads_as_no_leak() -> None:

@@ -30,7 +30,7 @@ from soakd.analysis.detector import judge
 from soakd.analysis.evidence import CUDA_SERIES, HOST_SERIES, TARGET_HOST_SERIES, CudaHistory, Evidence
 from soakd.analysis.judgement import Judgement
 from soakd.analysis.pages import beyond_horizon, early_why, held_early
-from soakd.analysis.params import MIB, DetectorParams, floor_for
+from soakd.analysis.params import MIB, DetectorParams, floor_for, in_bytes
 from soakd.analysis.replay import Persistence
 from soakd.names import TARGET_METRIC_PREFIX
 from soakd.state import default_state_dir
@@ -224,7 +224,7 @@ class LeakMonitor:
             # at the run's closing look, which has no later): page it only when it matters within
             # the horizon, and only if the allocator does not give it back (probed once per rise).
             finding, why = self._beyond_horizon(name, j)
-            if not finding and held_early(j, final=final):  # too young a rise: a swing may make it
+            if not finding and held_early(j, final=final, in_bytes=in_bytes(name)):  # too young a rise
                 finding, why = "early", early_why(j)
             if not finding:  # worth a page: the evidence may still show the allocator keeps it
                 evidence = self._evidence(name, j, now)

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from soakd.analysis.pages import beyond_horizon
-from soakd.analysis.params import DetectorParams, floor_for
+from soakd.analysis.params import DetectorParams, floor_for, in_bytes
 from soakd.analysis.replay import Replay, replay
 from soakd.config import load_config
 from soakd.config.parse import parse_size
@@ -123,7 +123,8 @@ def judge_trace(
     series = trace.path.stem if trace.path.stem in LEAK_SERIES else "default"
     page_above = headroom[0] / (headroom[1] / 3600.0) if headroom else 0.0
     floor = floor_for(series, table, params.floor_scale)
-    r: Replay = replay(trace.t, trace.v, params, floor, step=step, page_above=page_above)
+    name = trace.path.stem
+    r: Replay = replay(trace.t, trace.v, params, floor, step=step, page_above=page_above, in_bytes=in_bytes(name))
     j = r.final
     judged = j.judged
     creep = beyond_horizon(j, *headroom) if headroom and r.suspected and not r.paged else ""

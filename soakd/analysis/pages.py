@@ -67,10 +67,12 @@ def rise_age(y: Array, lower: float, run_points: int) -> int:
     return run_points if back >= WHOLE_HISTORY * (y.size - 1) else back
 
 
-def held_early(j: Judgement, *, final: bool = False) -> bool:
+def held_early(j: Judgement, *, final: bool = False, in_bytes: bool = True) -> bool:
     """A rise too slow to page for its age yet: a swing may make it. Never at the end of a run
-    (``final``)."""
-    return not final and j.slope_lower_bytes_per_hour < j.early_page_bytes_per_hour
+    (``final``), nor for a gauge in its own unit (``in_bytes`` False: a scraped server metric),
+    whose rate the goals, in bytes per hour, cannot price: as with its unknown headroom, every
+    rise the test is sure of pages."""
+    return in_bytes and not final and j.slope_lower_bytes_per_hour < j.early_page_bytes_per_hour
 
 
 def early_why(j: Judgement) -> str:

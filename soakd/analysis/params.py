@@ -77,6 +77,12 @@ class DetectorParams:
         return share * points * self.bin / (len(self.spans) * epoch)
 
 
+def in_bytes(series: str) -> bool:
+    """Whether the series is memory in bytes; a scraped server gauge (``target_metric:NAME``) is
+    in its own unit (a ratio, a count, microseconds)."""
+    return not series.startswith(TARGET_METRIC_PREFIX)
+
+
 def floor_for(series: str, table: dict[str, float] | None, scale: float = 1.0) -> float:
     """The series' slope floor from the ``leak.min_slope_bytes_per_hour`` table ("default" key);
     the built-in default times ``scale`` (``DetectorParams.floor_scale``) when the table has none.
@@ -85,7 +91,7 @@ def floor_for(series: str, table: dict[str, float] | None, scale: float = 1.0) -
     microseconds), not bytes: only its own entry applies, else no floor (any rise the trend
     test is sure of)."""
     table = table or {}
-    if series.startswith(TARGET_METRIC_PREFIX):
+    if not in_bytes(series):
         return float(table.get(series, 0.0))
     got = table.get(series, table.get("default"))
     return float(got) if got is not None else DEFAULT_FLOOR_BYTES_PER_HOUR * scale

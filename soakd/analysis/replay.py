@@ -64,14 +64,16 @@ def replay(
     step: float = 600.0,
     stop_on_flag: bool = False,
     page_above: float = 0.0,
+    in_bytes: bool = True,
 ) -> Replay:
     """Judge a trace every ``step`` seconds (rounded to whole bins) from its start, up to its end
     (or, with ``stop_on_flag``, up to its first flag: what a power benchmark needs).
 
     ``page_above`` (bytes/hour: headroom / ``leak.horizon``) is the live monitor's page rule
     without its evidence: a suspected verdict pages at the first look whose slope's 90% lower
-    bound reaches it, and, before the series' swings could show, the early rate
-    (:mod:`soakd.analysis.pages`; not at the last look: the end of a run has no later)."""
+    bound reaches it, once the rise has gone on as long as the goals allow for its rate
+    (:mod:`soakd.analysis.pages`; not at the last look: the end of a run has no later; not for a
+    gauge in its own unit, ``in_bytes`` False)."""
     if t.size == 0:
         return Replay(Judgement(False, math.nan, 1.0, "no data"), False, None)
     t0, t_end = float(t[0]), float(t[-1])
@@ -100,7 +102,8 @@ def replay(
         # A page needs a look that is sure of the rise, not one that only holds an older verdict;
         # the end of a run has no later, and pages what is still held (as `soakd analyze` reads it).
         last = m == looks[-1]
-        fast = (j.positive or last) and j.slope_lower_bytes_per_hour >= page_above and not held_early(j, final=last)
+        held = held_early(j, final=last, in_bytes=in_bytes)
+        fast = (j.positive or last) and j.slope_lower_bytes_per_hour >= page_above and not held
         if state.suspected and fast:
             paged_at = at if paged_at is None else paged_at
             paged = True
