@@ -222,7 +222,8 @@ class Grid:
             slope_se_bytes_per_hour=shown.se,
             jumps_lower_bytes_per_hour=shown.counted,
         )
-        # A page waits as long as the goals allow for a leak as old as the rise at its rate (pages.py).
+        # A page waits as long as the goals allow for a leak as old as the rise at its rate (pages.py),
+        # read on the troughs chosen for the shown span's length, else on the widest envelope's.
         seen = chosen.get(shown.points, chosen[top]).history
         age = rise_age(seen, j.slope_lower_bytes_per_hour * p.bin / 3600.0, m) * p.bin
         return replace(j, early_page_bytes_per_hour=early_page_rate(age, p.floor_scale), rise_seconds=age)

@@ -123,8 +123,8 @@ def judge_trace(
     series = trace.path.stem if trace.path.stem in LEAK_SERIES else "default"
     page_above = headroom[0] / (headroom[1] / 3600.0) if headroom else 0.0
     floor = floor_for(series, table, params.floor_scale)
-    name = trace.path.stem
-    r: Replay = replay(trace.t, trace.v, params, floor, step=step, page_above=page_above, in_bytes=in_bytes(name))
+    priced = in_bytes(trace.path.stem)  # the file's own series name: "default" would read as bytes
+    r: Replay = replay(trace.t, trace.v, params, floor, step=step, page_above=page_above, in_bytes=priced)
     j = r.final
     judged = j.judged
     creep = beyond_horizon(j, *headroom) if headroom and r.suspected and not r.paged else ""
