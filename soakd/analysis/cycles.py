@@ -17,6 +17,11 @@ judged time (after warm-up):
   * from two cycles on: the per-cycle means (a trailing mean of the troughs over one period,
     where any swing of period P averages out to a constant), tested as the troughs are
     without a cycle: a leak raises every cycle's mean by its rate times P.
+
+With no period given, a run whose load repeats all the same (a nightly batch, a traffic replay
+on a loop) shows it: once PERIOD_CYCLES cycles are in the judged troughs, :func:`find_period`
+reads P from them and the series is judged from then on as under a known cycle. Before that,
+its rises are judged as any series' are (the early looks' bars, the page's wait for a rise's age).
 """
 
 from __future__ import annotations
@@ -85,3 +90,60 @@ def cycle_rise(
         if rise >= SWING_RISE * swing and rise >= zbar * spread:
             return rise * per_hour, max(spread * per_hour, 1e-9)
     return None
+
+
+PERIOD_RANGE = (3600.0, 12 * 3600.0)  # seconds: shorter swings the troughs ride out; longer need days
+PERIOD_CYCLES = 3.0  # a period is read from the data once this many cycles of it are judged
+PERIOD_DIP = 25.0  # at the period, the differences' variance is this many times below a half cycle's
+PERIOD_SMOOTH = 5  # bins: the troughs' trailing minimum the period is read on (spikes, white noise)
+
+
+def lag_variance(y: Array, lags: int) -> Array:
+    """The variance of ``y[L:] - y[:-L]`` for L = 0 .. ``lags`` (the mean difference, a leak's
+    rise over L, taken out), all at once: the cross products come from one FFT, the squares
+    and sums from cumulative sums, so a look over a day of bins costs one transform."""
+    y = y - float(np.mean(y))  # differences are unchanged; the sums of squares stay small
+    n = y.size
+    f = np.fft.rfft(y, 2 * n)
+    cross = np.fft.irfft(f * np.conj(f), 2 * n)[: lags + 1]  # sum_i y[i] y[i+L]
+    c1 = np.concatenate([[0.0], np.cumsum(y)])
+    c2 = np.concatenate([[0.0], np.cumsum(y * y)])
+    lag = np.arange(lags + 1)
+    k = n - lag
+    sq = (c2[n] - c2[lag]) + c2[k] - 2 * cross  # sum of squared differences
+    mean = (c1[n] - c1[lag] - c1[k]) / k
+    out: Array = np.maximum(sq / k - mean * mean, 0.0)
+    return out
+
+
+def find_period(y: Array, lo: int, hi: int) -> int | None:
+    """The period, in points, of a swing that repeats in ``y`` (evenly spaced troughs), or None.
+
+    Memory that follows a repeating load comes back to the same level one period later, however
+    it moved between: the variance of the differences one period apart (a leak adds only their
+    mean) falls to the noise's, PERIOD_DIP times below that at a quarter to three quarters of a
+    period, where the swing itself shows. Wander and short-memory noise have no such dip; the
+    lag variance of a random path grows or levels off. Periods from ``lo`` points up to ``hi``
+    (and a third of the data) are looked at; of the dips found the shortest nearly as deep as the
+    deepest is taken (a cycle's multiples dip too). Gaps are filled with the level before them."""
+    ok = np.isfinite(y)
+    if not ok.any():
+        return None
+    y = y[int(np.argmax(ok)) :]
+    idx = np.maximum.accumulate(np.where(np.isfinite(y), np.arange(y.size), 0))
+    y = y[idx]  # forward fill: a gap neither swings nor repeats
+    hi = min(hi, int(y.size / PERIOD_CYCLES))
+    if hi < lo or lo < 4:
+        return None
+    v = lag_variance(y, hi + 1)
+    dips = []
+    for lag in range(lo, hi + 1):
+        if v[lag] > v[lag - 1] or v[lag] > v[lag + 1]:
+            continue  # not a local minimum
+        swing = float(np.max(v[lag // 4 : 3 * lag // 4 + 1]))
+        if swing >= PERIOD_DIP * max(float(v[lag]), 1e-12 * swing):
+            dips.append((lag, float(v[lag])))
+    if not dips:
+        return None
+    deepest = min(d for _, d in dips)
+    return next(lag for lag, d in dips if d <= 2 * deepest)

@@ -32,6 +32,8 @@ At every look (every evaluation of the live monitor, every step of a replay):
   * a staircase (three or more level shifts up, none given back, still coming, not at ever
     longer gaps) is a leak too when its trend stands out from the noise without the shifts
     and its rate at the step count's 90% Poisson bound reaches the floor.
+  * under a load cycle (a known one, or one read from the troughs once three cycles are judged:
+    :mod:`soakd.analysis.cycles`), memory is judged at the same point of each cycle.
 The verdict flips on the first flagged look and clears after its signs (a span rising at
 z >= 2 and half the floor) are gone for ``persistence``; it pages once the rise has gone on as
 long as the time-to-verdict goals allow for its rate (:mod:`soakd.analysis.pages`).
@@ -49,7 +51,18 @@ from typing import NamedTuple
 
 import numpy as np
 
-from soakd.analysis.cycles import FIRST, JUDGED, cycle_mean, cycle_rise, hold_reason, stage
+from soakd.analysis.cycles import (
+    FIRST,
+    JUDGED,
+    PERIOD_CYCLES,
+    PERIOD_RANGE,
+    PERIOD_SMOOTH,
+    cycle_mean,
+    cycle_rise,
+    find_period,
+    hold_reason,
+    stage,
+)
 from soakd.analysis.judgement import Z90, Judgement
 from soakd.analysis.jumps import counted_rate, steps_lower
 from soakd.analysis.pages import early_page_rate, rise_age
@@ -121,8 +134,8 @@ class Grid:
         self.b = bin_minima(t, v, since, params.bin, self.nbins)
         self.last = float(v[-1]) if v.size else math.nan
         self._knee: int | None = None  # bins; the data-found end of warm-up, once the search has stopped
-        self._env: dict[tuple[int, int, bool], Array] = {}
-        self.cycle_bins = max(1, round((params.cycle_seconds or 0.0) / params.bin))
+        self._env: dict[tuple[int, int, int], Array] = {}
+        self.cycle_bins = 0  # the load cycle judged at the latest look, in bins (0: none)
         self.trough_points = 0  # the trough span (in bins) chosen at the latest look
 
     def warmup_bins(self, m: int) -> int:
@@ -162,8 +175,10 @@ class Grid:
             levelling = w * p.bin > p.warmup + p.bin
             return Judgement(False, math.nan, 1.0, "warming up", start, 0, self.last, levelling=levelling)
         win = round(p.window / p.bin)
-        cyc = stage((m - w) * p.bin, p.cycle_seconds)
-        hold = hold_reason(p.cycle_seconds, (m - w) * p.bin)
+        self.cycle_bins = self._cycle_bins(m, w)
+        cycle = self.cycle_bins * p.bin
+        cyc = stage((m - w) * p.bin, cycle)
+        hold = hold_reason(p.cycle_seconds, (m - w) * p.bin)  # a cycle found in the data is never held
         if cyc == FIRST:  # the cycle's swing not seen once: a rise may be the swing
             return Judgement(False, math.nan, 1.0, hold, start, 0, self.last, judged_seconds=(m - w) * p.bin)
         smooth = cyc == JUDGED
@@ -226,7 +241,22 @@ class Grid:
         # read on the troughs chosen for the shown span's length, else on the widest envelope's.
         seen = chosen.get(shown.points, chosen[top]).history
         age = rise_age(seen, j.slope_lower_bytes_per_hour * p.bin / 3600.0, m) * p.bin
+        if cycle and not p.cycle_seconds:
+            j = replace(j, reason=f"{j.reason}; judged cycle by cycle: the load repeats every {dur(cycle)}")
         return replace(j, early_page_bytes_per_hour=early_page_rate(age, p.floor_scale), rise_seconds=age)
+
+    def _cycle_bins(self, m: int, w: int) -> int:
+        """The load cycle, in bins, at the look at ``m`` bins (0: none): the configured one, else
+        one the judged troughs show (cycles.find_period) once PERIOD_CYCLES of it are judged."""
+        p = self.params
+        if p.cycle_seconds:
+            return max(1, round(p.cycle_seconds / p.bin))
+        lo, hi = (round(s / p.bin) for s in PERIOD_RANGE)
+        if m - w < PERIOD_CYCLES * lo:
+            return 0
+        # The newest cycles only: a period that drifts is read as it is now.
+        seg = trailing_min(self.b[w:m], PERIOD_SMOOTH)[-round((PERIOD_CYCLES + 1) * hi) :]
+        return find_period(seg, lo, hi) or 0
 
     def _choose_troughs(self, m: int, w: int, win: int, smooth: bool = False) -> dict[int, Troughs]:
         """Per span length judged: the trough width that measures its slope most precisely."""
@@ -266,9 +296,9 @@ class Grid:
 
     def _envelope(self, k: int, start: int, smooth: bool = False) -> Array:
         """Trailing minimum over k bins from bin ``start`` on, over the whole grid (causal, so
-        any look's envelope is a prefix of it), ``smooth``: its per-cycle means (a known load
-        cycle); computed once per (k, start, smooth)."""
-        key = (k, start, smooth)
+        any look's envelope is a prefix of it), ``smooth``: its per-cycle means (the look's load
+        cycle); computed once per (k, start, cycle)."""
+        key = (k, start, self.cycle_bins if smooth else 0)
         got = self._env.get(key)
         if got is None:
             # The per-cycle means are of the cached trailing minimum, not of a second one.
