@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from soakd.analysis.trend import SWING_RISE, Array, dur
+from soakd.analysis.trend import SWING_RISE, Array, dur, lag_variogram
 
 FIRST, SECOND, JUDGED = 1, 2, 3  # the stages, in judged cycles: < 1, < 2, >= 2
 
@@ -94,36 +94,18 @@ def cycle_rise(
 
 PERIOD_RANGE = (3600.0, 12 * 3600.0)  # seconds: shorter swings the troughs ride out; longer need days
 PERIOD_CYCLES = 3.0  # a period is read from the data once this many cycles of it are judged
-PERIOD_DIP = 25.0  # at the period, the differences' variance is this many times below a half cycle's
+PERIOD_DIP = 25.0  # at the period, the variogram is this many times below its peak over a half cycle
 PERIOD_SMOOTH = 5  # bins: the troughs' trailing minimum the period is read on (spikes, white noise)
-
-
-def lag_variance(y: Array, lags: int) -> Array:
-    """The variance of ``y[L:] - y[:-L]`` for L = 0 .. ``lags`` (the mean difference, a leak's
-    rise over L, taken out), all at once: the cross products come from one FFT, the squares
-    and sums from cumulative sums, so a look over a day of bins costs one transform."""
-    y = y - float(np.mean(y))  # differences are unchanged; the sums of squares stay small
-    n = y.size
-    f = np.fft.rfft(y, 2 * n)
-    cross = np.fft.irfft(f * np.conj(f), 2 * n)[: lags + 1]  # sum_i y[i] y[i+L]
-    c1 = np.concatenate([[0.0], np.cumsum(y)])
-    c2 = np.concatenate([[0.0], np.cumsum(y * y)])
-    lag = np.arange(lags + 1)
-    k = n - lag
-    sq = (c2[n] - c2[lag]) + c2[k] - 2 * cross  # sum of squared differences
-    mean = (c1[n] - c1[lag] - c1[k]) / k
-    out: Array = np.maximum(sq / k - mean * mean, 0.0)
-    return out
 
 
 def find_period(y: Array, lo: int, hi: int) -> int | None:
     """The period, in points, of a swing that repeats in ``y`` (evenly spaced troughs), or None.
 
     Memory that follows a repeating load comes back to the same level one period later, however
-    it moved between: the variance of the differences one period apart (a leak adds only their
-    mean) falls to the noise's, PERIOD_DIP times below that at a quarter to three quarters of a
-    period, where the swing itself shows. Wander and short-memory noise have no such dip; the
-    lag variance of a random path grows or levels off. Periods from ``lo`` points up to ``hi``
+    it moved between: the troughs' variogram (detrended by their line, which takes out a leak's
+    rise) falls to the noise's one period apart, PERIOD_DIP times below its peak over a quarter
+    to three quarters of a period, where the swing itself shows. Wander and short-memory noise
+    have no such dip: the variogram of a random path grows or levels off. Periods from ``lo`` points up to ``hi``
     (and a third of the data) are looked at; of the dips found the shortest nearly as deep as the
     deepest is taken (a cycle's multiples dip too). Gaps are filled with the level before them."""
     ok = np.isfinite(y)
@@ -135,7 +117,7 @@ def find_period(y: Array, lo: int, hi: int) -> int | None:
     hi = min(hi, int(y.size / PERIOD_CYCLES))
     if hi < lo or lo < 4:
         return None
-    v = lag_variance(y, hi + 1)
+    v = lag_variogram(y, hi + 2)
     dips = []
     for lag in range(lo, hi + 1):
         if v[lag] > v[lag - 1] or v[lag] > v[lag + 1]:

@@ -254,8 +254,10 @@ class Grid:
         lo, hi = (round(s / p.bin) for s in PERIOD_RANGE)
         if m - w < PERIOD_CYCLES * lo:
             return 0
-        # The newest cycles only: a period that drifts is read as it is now.
-        seg = trailing_min(self.b[w:m], PERIOD_SMOOTH)[-round((PERIOD_CYCLES + 1) * hi) :]
+        # The newest cycles only (a period that drifts is read as it is now, and a look's work
+        # does not grow with the run's length).
+        newest = round((PERIOD_CYCLES + 1) * hi)
+        seg = trailing_min(self.b[max(w, m - newest - PERIOD_SMOOTH + 1) : m], PERIOD_SMOOTH)[-newest:]
         return find_period(seg, lo, hi) or 0
 
     def _choose_troughs(self, m: int, w: int, win: int, smooth: bool = False) -> dict[int, Troughs]:
