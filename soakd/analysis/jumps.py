@@ -8,7 +8,8 @@ onset into a jump and a flat stretch): a change over at most a third of ``max_la
 standing out by JUMP_SIGMAS robust spreads from the changes the history shows over as many
 points (its usual drift allowed for; few of those short changes hold a jump, so the spread is
 the noise's, not the jumps'). Changes that follow on within as many points are one stretch of
-growth; a stretch longer than ``max_lag`` is a ramp, not a jump.
+growth; a stretch longer than ``max_lag`` is a ramp, not a jump. Spikes (a move back within two
+points, either way) are not jumps: the minima are read :func:`soakd.analysis.trend.despiked`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import math
 import numpy as np
 
 from soakd.analysis.judgement import Z90
-from soakd.analysis.trend import Array, _largest_change, _robust_spread, _shift_out, ols_slope
+from soakd.analysis.trend import Array, _largest_change, _robust_spread, _shift_out, despiked, ols_slope
 
 JUMP_SIGMAS = 4.0  # a jump stands out from the history's changes by this many robust spreads
 JUMP_SHARE = 0.5  # jumps make a rise when the span without them rises less than this share of it
@@ -82,7 +83,7 @@ def counted_rate(slope: float, raw: Array, judged: int, n: int, max_lag: int) ->
     """(jumps, ``slope`` scaled to their count's 90% lower bound) for a span of the newest ``n``
     of the ``judged`` newest bin minima of ``raw`` (NaN: an empty bin); (0, nan) when its rise
     is not made of jumps."""
-    judged_raw = raw[np.isfinite(raw)][-judged:]
+    judged_raw = despiked(raw[np.isfinite(raw)][-judged:])  # a spike is not a jump
     k = jumps(judged_raw[-n:], judged_raw, max_lag)
     return (k, slope * steps_lower(k, Z90) / k) if k else (0, math.nan)
 
