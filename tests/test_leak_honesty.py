@@ -70,3 +70,16 @@ def test_a_leak_at_the_printed_slope_is_caught_under_heavy_tailed_jitter() -> No
         assert math.isfinite(x) and x < 20 * MIB
         caught += judge(t, v + x * t / H, params, floor).positive
     assert caught >= 8
+
+
+@pytest.mark.parametrize(("corpus", "shape"), [("week", "ar1"), ("fresh", "white")])
+def test_the_honesty_bench_reads_each_replica_s_own_claim(corpus: str, shape: str) -> None:
+    """bench/leak/honesty.py on both sets it reads: a printed slope per judged replica, and a leak
+    of it caught where one of half of it is not (on these replicas, as on most: an honest claim
+    is not twice too cautious either)."""
+    from bench.leak.honesty import one
+
+    got, printed, caught = one((corpus, shape, 0, 2, 6.0))
+    assert got == shape and len(printed) == len(caught) == 2
+    assert all(2.0 <= x < 20.0 for x in printed)  # MiB/h: at or above the 2 MiB/h floor
+    assert caught == [[False, True], [False, True]]
