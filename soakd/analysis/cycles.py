@@ -105,9 +105,10 @@ def find_period(y: Array, lo: int, hi: int) -> int | None:
     it moved between: the troughs' variogram (detrended by their line, which takes out a leak's
     rise) falls to the noise's one period apart, PERIOD_DIP times below its peak over a quarter
     to three quarters of a period, where the swing itself shows. Wander and short-memory noise
-    have no such dip: the variogram of a random path grows or levels off. Periods from ``lo`` points up to ``hi``
-    (and a third of the data) are looked at; of the dips found the shortest nearly as deep as the
-    deepest is taken (a cycle's multiples dip too). Gaps are filled with the level before them."""
+    have no such dip: the variogram of a random path grows or levels off. Periods from ``lo``
+    points up to ``hi`` (and a third of the data) are looked at; of the dips found the shortest
+    nearly as deep as the deepest is taken (a cycle's multiples dip too). Gaps are filled with
+    the level before them."""
     ok = np.isfinite(y)
     if not ok.any():
         return None

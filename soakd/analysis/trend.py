@@ -261,6 +261,12 @@ def ols_slope(y: Array) -> float:
     return float(np.dot(xc, y - y.mean()) / np.dot(xc, xc))
 
 
+def detrended(y: Array) -> Array:
+    """``y`` less its least-squares line (a copy under two points)."""
+    n = y.size
+    return y - ols_slope(y) * np.arange(n, dtype=np.float64) if n >= 2 else y.copy()
+
+
 def upper_tail(z: float) -> float:
     """P(Z > z) for a standard normal Z."""
     return _upper_tail(z)
@@ -384,7 +390,7 @@ def hinge_residual(y: Array) -> Array:
     between an eighth and seven eighths of it), fitted by least squares."""
     n = y.size
     if n < 16:
-        return y - ols_slope(y) * np.arange(n, dtype=np.float64) if n >= 2 else y.copy()
+        return detrended(y)
     x = np.arange(n, dtype=np.float64) / n
     knots = np.linspace(0.125, 0.875, HINGE_KNOTS)
     h = np.maximum(0.0, x[None, :] - knots[:, None])  # each knot's third column
@@ -411,7 +417,7 @@ def lag_variogram(y: Array, lags: int, *, detrend: bool = True) -> Array:
     many points, and a median of its changes would call it noiseless."""
     n = y.size
     lags = max(1, min(lags, n - 1))
-    r = y - ols_slope(y) * np.arange(n, dtype=np.float64) if detrend else y
+    r = detrended(y) if detrend else y
     r = r - r.mean()  # the variogram ignores the level; centred, the sums below keep their digits
     m = n - lags + 1
     # mean((r[i+h] - r[i])^2) = (sum r[i+h]^2 + sum r[i]^2 - 2 sum r[i] r[i+h]) / m: running sums
@@ -473,7 +479,7 @@ def forgets(y: Array, window_points: float, step_lag: int) -> bool:
     # The shifts of the detrended troughs: a leak's own rise adds to every change, and read on
     # the raw troughs it made the jumps of a spiky envelope "rise more than they fall", so the
     # noise stopped forgetting once a leak was added (#39's eleventh round).
-    if sum(size for _, size in level_shifts(y - ols_slope(y) * np.arange(y.size), step_lag)) > 0:
+    if sum(size for _, size in level_shifts(detrended(y), step_lag)) > 0:
         return False
     half = y.size // 2
     g = lag_variogram(y, half + 1)
