@@ -346,19 +346,14 @@ def slope_variance(y: Array, span: int) -> float:
 
 
 def despiked(y: Array) -> Array:
-    """``y`` through a centred running median of 5 points: a move up or down that is back within
-    two points (a request's buffers held a bin or two, one down-outlier of heavy-tailed noise)
-    is a spike, and is gone; a step that stays and a trend pass unchanged. Counted as jumps, a
-    spike's rise was taken out and its fall left in, so a steady leak under spikes read as "a
-    rise of jumps" and was judged on their count; taken out as the largest step, a down-outlier's
-    recovery left a lasting fall in the noise the slope's error is measured on, 7x that error on
-    heavy-tailed jitter (#39's eleventh round)."""
+    """``y`` through a centred running median of 5 points: a move back within two points, up or
+    down, is a spike and is gone; a step and a trend pass. A spike is not a step or a jump: taken
+    out as one it left a lasting fall in the noise (7x the slope's error on heavy-tailed jitter)."""
     n = y.size
     if n < 5:
         return y.copy()
     pad = np.concatenate([np.full(2, y[0]), y, np.full(2, y[-1])])
-    # The median of five by a min/max network: exactly np.median over the windows, 50x faster
-    # (it runs for every span of every look).
+    # The median of five by a min/max network: exactly np.median's, 50x faster (every span, every look).
     a, b, c, d, e = (pad[i : i + n] for i in range(5))
     lo = np.maximum(np.minimum(a, b), np.minimum(c, d))
     hi = np.minimum(np.maximum(a, b), np.maximum(c, d))
@@ -476,9 +471,8 @@ def forgets(y: Array, window_points: float, step_lag: int) -> bool:
     under it, judged on half the data (#39's eighth round)."""
     if y.size < max(32.0, PLATEAU_HISTORY * window_points):
         return False
-    # The shifts of the detrended troughs: a leak's own rise adds to every change, and read on
-    # the raw troughs it made the jumps of a spiky envelope "rise more than they fall", so the
-    # noise stopped forgetting once a leak was added (#39's eleventh round).
+    # Detrended: on the raw troughs a leak's own rise made a spiky envelope's jumps "rise more
+    # than they fall", and the noise stopped forgetting once a leak was added (#39, round 11).
     if sum(size for _, size in level_shifts(detrended(y), step_lag)) > 0:
         return False
     half = y.size // 2
